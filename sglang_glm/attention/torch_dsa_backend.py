@@ -1,0 +1,166 @@
+"""DSA attention in plain PyTorch for SGLang's paged KV: indexer top-k and sparse MLA.
+
+Registered as the attention backend `glm_dsa_torch`. It serves every forward mode SGLang runs on
+the CPU path: prefill with and without a cached prefix, chunked prefill, decode, mixed batches,
+and EAGLE's draft-extend / multi-step draft / target-verify passes.
+
+Positions are per request: the indexer returns, for each query token, the positions of the keys
+it selected; sparse MLA maps them to KV-pool rows through SGLang's `req_to_token` table.
+Tie rule of the top-k: higher score first, equal scores -> lower position first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    from sglang_glm.attention.kv_pool import TorchDSAKVPool
+
+BACKEND_NAME = "glm_dsa_torch"
+# Upper bound on elements of one gathered [queries, top-k, dim] block, to bound CPU memory.
+_MAX_BLOCK_ELEMS = 1 << 25
+
+
+@dataclass
+class DSAForwardMetadata:
+    """Per-request layout of the batch's query tokens and visible keys."""
+
+    req_pool_indices: list[int]
+    seq_lens: list[int]  # keys each request has after this forward's tokens are written
+    query_starts: list[int]  # first query token of each request in the flattened batch
+    query_counts: list[int]
+    # Largest key position each query token may see (its own position; tree-masked verify
+    # tokens additionally use `tree_mask`).
+    key_limits: torch.Tensor
+    # Target-verify with a draft tree: [num_tokens, draft_tokens] bool, True = visible draft.
+    tree_mask: Optional[torch.Tensor] = None
+
+
+class TorchDSABackend(AttentionBackend):
+    def __init__(self, model_runner: "ModelRunner"):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
+        self.forward_metadata: Optional[DSAForwardMetadata] = None
+
+    # ---- metadata -------------------------------------------------------------------------
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch"):
+        mode = forward_batch.forward_mode
+        bs = forward_batch.batch_size
+        seq_lens = forward_batch.seq_lens.tolist()
+        if mode.is_decode_or_idle():
+            counts = [1] * bs
+        elif mode.is_target_verify():
+            counts = [forward_batch.spec_info.draft_token_num] * bs
+        else:
+            counts = list(forward_batch.extend_seq_lens_cpu)
+        if mode.is_target_verify():
+            # Verify tokens are written after the prefix: seq_lens counts the prefix only.
+            seq_lens = [s + c for s, c in zip(seq_lens, counts)]
+        starts = [0]
+        for c in counts[:-1]:
+            starts.append(starts[-1] + c)
+        self.forward_metadata = DSAForwardMetadata(
+            req_pool_indices=forward_batch.req_pool_indices.tolist(),
+            seq_lens=seq_lens,
+            query_starts=starts,
+            query_counts=counts,
+            key_limits=forward_batch.positions.to(torch.int64),
+        )
+
+    # ---- indexer --------------------------------------------------------------------------
+
+    def store_index_k(self, layer_id: int, index_k: torch.Tensor, forward_batch: "ForwardBatch"):
+        self.token_to_kv_pool.set_index_k(layer_id, forward_batch.out_cache_loc, index_k)
+
+    def index_topk(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [T, index_heads, index_dim]
+        weights: torch.Tensor,  # [T, index_heads], already scaled by index_heads ** -0.5
+        sm_scale: float,
+        topk: int,
+    ) -> torch.Tensor:
+        """Top-k key positions per query token, -1 past the visible keys: [T, topk] int32."""
+        meta = self.forward_metadata
+        index_k = self.token_to_kv_pool.index_k(layer_id)
+        out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
+        for rpi, seq_len, start, count in zip(
+            meta.req_pool_indices, meta.seq_lens, meta.query_starts, meta.query_counts
+        ):
+            keys = index_k[self.req_to_token[rpi, :seq_len]].float()  # [L, D]
+            key_pos = torch.arange(seq_len, device=q.device)
+            step = max(1, _MAX_BLOCK_ELEMS // max(1, seq_len * q.shape[1]))
+            for s in range(start, start + count, step):
+                e = min(s + step, start + count)
+                scores = torch.relu(torch.matmul(q[s:e].float(), keys.T) * sm_scale)  # [n,H,L]
+                logits = torch.matmul(weights[s:e].float().unsqueeze(-2), scores).squeeze(-2)
+                visible = key_pos[None, :] <= meta.key_limits[s:e, None]
+                logits = logits.masked_fill(~visible, float("-inf"))
+                k = min(topk, seq_len)
+                # Stable descending sort: among equal scores the lower position comes first.
+                order = torch.sort(logits, dim=-1, descending=True, stable=True).indices[:, :k]
+                chosen_visible = torch.gather(visible, 1, order)
+                out[s:e, :k] = torch.where(chosen_visible, order, -1).to(torch.int32)
+        return out
+
+    # ---- sparse MLA -----------------------------------------------------------------------
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def _forward(
+        self,
+        q: torch.Tensor,
+        k: Optional[torch.Tensor],
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool,
+        k_rope: Optional[torch.Tensor] = None,
+        topk_indices: Optional[torch.Tensor] = None,
+        **unused,
+    ) -> torch.Tensor:
+        if topk_indices is None:
+            raise ValueError(
+                f"{BACKEND_NAME} is a sparse-attention backend: layer {layer.layer_id} must pass "
+                "topk_indices from the top-k buffer"
+            )
+        if save_kv_cache and k is not None:
+            self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+        num_heads, dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+        q = q.view(-1, num_heads, dim)
+        out = q.new_empty((q.shape[0], num_heads, v_dim))
+        kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id).squeeze(1)  # [P, dim]
+        meta = self.forward_metadata
+        for rpi, seq_len, start, count in zip(
+            meta.req_pool_indices, meta.seq_lens, meta.query_starts, meta.query_counts
+        ):
+            req_kv = kv[self.req_to_token[rpi, :seq_len]]  # [L, dim]
+            step = max(1, _MAX_BLOCK_ELEMS // (topk_indices.shape[1] * dim))
+            for s in range(start, start + count, step):
+                e = min(s + step, start + count)
+                idx = topk_indices[s:e].long()
+                valid = idx >= 0
+                rows = req_kv[idx.clamp(min=0)]  # [n, topk, dim]
+                scores = torch.einsum("nhd,nkd->nhk", q[s:e], rows) * layer.scaling
+                scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+                probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+                out[s:e] = torch.einsum("nhk,nkd->nhd", probs, rows[..., :v_dim])
+        return out.view(-1, num_heads * v_dim)
+
+
+def create_torch_dsa_backend(model_runner: "ModelRunner") -> TorchDSABackend:
+    return TorchDSABackend(model_runner)

@@ -1,0 +1,40 @@
+"""Everything that lets real SGLang run GLM-DSA on a CPU-only machine, in one place.
+
+`activate()` is called by the tests and the CPU demo before SGLang is imported. It refuses to run
+where CUDA is available, so none of these stand-ins can be active on a GPU machine.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+STUBS_DIR = Path(__file__).parent / "stubs"
+
+# What SGLang's CPU path needs (see README "Running on CPU"): the CPU engine switch, no
+# torch.compile of the MoE top-k (needs a compiler; tokens are identical), and the stand-in
+# `sgl_kernel` importable in every process SGLang spawns.
+CPU_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "TORCHDYNAMO_DISABLE": "1",
+}
+
+
+def activate() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError(
+            "sglang_glm.cpu_compat.activate() is for CPU-only machines; this machine has CUDA. "
+            "On a GPU, install the real sgl-kernel and do not activate the CPU stand-ins."
+        )
+    os.environ.update(CPU_ENV)
+    stubs = str(STUBS_DIR)
+    if stubs not in sys.path:
+        sys.path.insert(0, stubs)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if stubs not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([stubs, *paths])
+
+
+def is_active() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and str(STUBS_DIR) in sys.path

@@ -1,0 +1,399 @@
+"""GLM-DSA (GLM-5 / 5.1 / 5.2) for SGLang: MLA + DeepSeek sparse attention, IndexCache, MoE.
+
+Reads top to bottom: the lightning indexer of a full layer, MLA attention that consumes top-k from
+the top-k buffer, the decoder layer, the model, the causal LM with weight loading.
+Only full layers (per the IndexCache plan) construct an indexer; every layer's sparse attention
+reads the indices the most recent full layer wrote into the one `TopkBuffer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+from sglang.srt.layers.quantization.base_config import QuantizationConfig
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import get_attn_backend
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE
+from sglang.srt.runtime_context import get_parallel, get_server_args
+from sglang.srt.utils import add_prefix
+
+from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
+from sglang_glm.models.weights import CheckpointAccounting
+from sglang_glm.topk_buffer import TopkBuffer
+
+logger = logging.getLogger(__name__)
+
+
+def _rope(config, rotary_dim: int, interleave: bool):
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    scaling = params if params.get("rope_type", "default") != "default" else None
+    return get_rope(
+        rotary_dim,
+        rotary_dim=rotary_dim,
+        max_position=config.max_position_embeddings,
+        base=theta,
+        rope_scaling=scaling,
+        is_neox_style=not interleave,
+    )
+
+
+class GlmDsaIndexer(nn.Module):
+    """Lightning indexer of a full layer: scores every cached key, keeps the top-k per query."""
+
+    def __init__(self, config, quant_config: Optional[QuantizationConfig], prefix: str):
+        super().__init__()
+        self.n_heads = config.index_n_heads
+        self.head_dim = config.index_head_dim
+        self.rope_dim = config.qk_rope_head_dim
+        self.topk = config.index_topk
+        self.wq_b = ReplicatedLinear(
+            config.q_lora_rank, self.n_heads * self.head_dim, bias=False,
+            quant_config=quant_config, prefix=add_prefix("wq_b", prefix),
+        )
+        self.wk = ReplicatedLinear(
+            config.hidden_size, self.head_dim, bias=False,
+            quant_config=quant_config, prefix=add_prefix("wk", prefix),
+        )
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        # GLM keeps the head weights unquantized (modules_to_not_convert).
+        self.weights_proj = ReplicatedLinear(
+            config.hidden_size, self.n_heads, bias=False, quant_config=None,
+            prefix=add_prefix("weights_proj", prefix),
+        )
+        self.rotary_emb = _rope(config, self.rope_dim, getattr(config, "indexer_rope_interleave", True))
+
+    def forward(self, hidden_states, q_lora, positions, forward_batch, backend) -> torch.Tensor:
+        q, _ = self.wq_b(q_lora)
+        q = q.view(-1, self.n_heads, self.head_dim)
+        k, _ = self.wk(hidden_states)
+        k = self.k_norm(k).unsqueeze(1)
+        # RoPE covers the first rope_dim dims of each index head (transformers' layout).
+        q_rot, k_rot = self.rotary_emb(
+            positions, q[..., : self.rope_dim].contiguous(), k[..., : self.rope_dim].contiguous()
+        )
+        q = torch.cat([q_rot.view(q.shape[0], self.n_heads, -1), q[..., self.rope_dim :]], dim=-1)
+        k = torch.cat([k_rot.view(k.shape[0], 1, -1), k[..., self.rope_dim :]], dim=-1).squeeze(1)
+        weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
+        weights = weights.float() * self.n_heads**-0.5
+        backend.store_index_k(self.layer_id, k, forward_batch)
+        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
+
+
+class GlmDsaAttention(nn.Module):
+    """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
+
+    def __init__(self, config, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+        super().__init__()
+        tp_size = get_parallel().attn_tp_size
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads // tp_size
+        self.qk_nope_head_dim = config.qk_nope_head_dim
+        self.qk_rope_head_dim = config.qk_rope_head_dim
+        self.v_head_dim = config.v_head_dim
+        self.kv_lora_rank = config.kv_lora_rank
+        qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
+        self.q_a_proj = ReplicatedLinear(
+            config.hidden_size, config.q_lora_rank, bias=False,
+            quant_config=quant_config, prefix=add_prefix("q_a_proj", prefix),
+        )
+        self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
+        self.q_b_proj = ColumnParallelLinear(
+            config.q_lora_rank, config.num_attention_heads * qk_head_dim, bias=False,
+            quant_config=quant_config, prefix=add_prefix("q_b_proj", prefix),
+        )
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim, bias=False,
+            quant_config=quant_config, prefix=add_prefix("kv_a_proj_with_mqa", prefix),
+        )
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=config.rms_norm_eps)
+        self.kv_b_proj = ColumnParallelLinear(
+            self.kv_lora_rank, config.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim),
+            bias=False, quant_config=quant_config, prefix=add_prefix("kv_b_proj", prefix),
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.v_head_dim, config.hidden_size, bias=False,
+            quant_config=quant_config, prefix=add_prefix("o_proj", prefix),
+        )
+        self.rotary_emb = _rope(config, self.qk_rope_head_dim, getattr(config, "rope_interleave", True))
+        if has_indexer:
+            self.indexer = GlmDsaIndexer(config, quant_config, add_prefix("indexer", prefix))
+            self.indexer.layer_id = layer_id
+        # Absorbed MLA: attention runs on [latent | rope] rows of width kv_lora_rank + rope.
+        self.attn = RadixAttention(
+            self.num_heads,
+            self.kv_lora_rank + self.qk_rope_head_dim,
+            qk_head_dim**-0.5,
+            num_kv_heads=1,
+            layer_id=layer_id,
+            v_head_dim=self.kv_lora_rank,
+            quant_config=quant_config,
+            prefix=add_prefix("attn", prefix),
+        )
+        # Filled from kv_b_proj after loading (`absorb_kv_b_proj`).
+        self.w_kc: Optional[torch.Tensor] = None  # [heads, nope, kv_lora]
+        self.w_vc: Optional[torch.Tensor] = None  # [heads, kv_lora, v]
+
+    @property
+    def has_indexer(self) -> bool:
+        return hasattr(self, "indexer")
+
+    def absorb_kv_b_proj(self, weight: torch.Tensor) -> None:
+        w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
+        w_k, w_v = w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
+        self.w_kc = w_k.contiguous()
+        self.w_vc = w_v.transpose(1, 2).contiguous()
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        forward_batch: ForwardBatch,
+        topk_buffer: TopkBuffer,
+        run_indexer: bool,
+    ) -> torch.Tensor:
+        q_lora, _ = self.q_a_proj(hidden_states)
+        q_lora = self.q_a_layernorm(q_lora)
+        q, _ = self.q_b_proj(q_lora)
+        q = q.view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        latent, _ = self.kv_a_proj_with_mqa(hidden_states)
+        kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        kv_a = self.kv_a_layernorm(kv_a.contiguous())
+        q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
+
+        backend = get_attn_backend()
+        if run_indexer:
+            topk_buffer.write(
+                self.layer_id,
+                self.indexer(hidden_states, q_lora, positions, forward_batch, backend),
+            )
+        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_kc)
+        q_full = torch.cat([q_latent, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)], -1)
+        out = self.attn(
+            q_full,
+            kv_a.unsqueeze(1),
+            kv_a.unsqueeze(1),
+            forward_batch,
+            k_rope=k_pe.view(-1, 1, self.qk_rope_head_dim),
+            topk_indices=topk_buffer.read(self.layer_id),
+        )
+        out = torch.einsum("thc,hcv->thv", out.view(-1, self.num_heads, self.kv_lora_rank), self.w_vc)
+        out, _ = self.o_proj(out.reshape(-1, self.num_heads * self.v_head_dim))
+        return out
+
+
+class GlmDsaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+        super().__init__()
+        self.layer_id = layer_id
+        self.self_attn = GlmDsaAttention(
+            config, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
+        )
+        mlp_types = getattr(config, "mlp_layer_types", None)
+        is_moe = (
+            mlp_types[layer_id] == "sparse"
+            if mlp_types is not None and layer_id < len(mlp_types)
+            else layer_id >= config.first_k_dense_replace
+        )
+        if is_moe:
+            self.mlp = DeepseekV2MoE(
+                config, layer_id, quant_config=quant_config, prefix=add_prefix("mlp", prefix)
+            )
+        else:
+            self.mlp = DeepseekV2MLP(
+                config.hidden_size, config.intermediate_size, config.hidden_act,
+                quant_config=quant_config, prefix=add_prefix("mlp", prefix),
+            )
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual, forward_batch, topk_buffer, run_indexer):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(
+            positions, hidden_states, forward_batch, topk_buffer, run_indexer
+        )
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        if isinstance(self.mlp, DeepseekV2MoE):
+            hidden_states = self.mlp(hidden_states, forward_batch)
+        else:
+            hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+class GlmDsaModel(nn.Module):
+    def __init__(self, config, plan: LayerPlan, quant_config, prefix: str = ""):
+        super().__init__()
+        self.plan = plan
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, prefix=add_prefix("embed_tokens", prefix)
+        )
+        self.layers = nn.ModuleList(
+            GlmDsaDecoderLayer(
+                config, i, plan.is_full(i), quant_config, add_prefix(f"layers.{i}", prefix)
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.topk_buffer = TopkBuffer(config.index_topk)
+
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, plan=None):
+        plan = plan or self.plan
+        check_plan_servable(plan, self.plan)
+        hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        self.topk_buffer.begin_forward(hidden_states.shape[0])
+        residual = None
+        for i, layer in enumerate(self.layers):
+            hidden_states, residual = layer(
+                positions, hidden_states, residual, forward_batch, self.topk_buffer, plan.is_full(i)
+            )
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+def check_plan_servable(plan: LayerPlan, built: LayerPlan) -> None:
+    """A per-forward plan may share layers that own an indexer, never run one that has none."""
+    if len(plan) != len(built):
+        raise ValueError(f"plan has {len(plan)} layers, the model {len(built)}")
+    missing = [i for i in plan.full_layers if not built.is_full(i)]
+    if missing:
+        raise ValueError(
+            f"plan {plan.pattern} marks layers {missing} full, but the model was built with plan "
+            f"{built.pattern} and those layers have no indexer; build the model with them full"
+        )
+
+
+def _server_override_args() -> str:
+    try:
+        return get_server_args().json_model_override_args or "{}"
+    except Exception:  # no server args outside a server process (e.g. tools)
+        return "{}"
+
+
+def _apply_glm_defaults(config) -> None:
+    """Fill routing fields SGLang's MoE reads but transformers' GlmMoeDsaConfig omits."""
+    for name, value in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+        if getattr(config, name, None) is None:
+            setattr(config, name, value)
+
+
+class GlmMoeDsaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        config,
+        quant_config: Optional[QuantizationConfig] = None,
+        prefix: str = "",
+        plan: Optional[LayerPlan] = None,
+    ):
+        super().__init__()
+        _apply_glm_defaults(config)
+        self.plan = plan or resolve_layer_plan(config, _server_override_args())
+        # Every SGLang component that reads the plan from the config (KV pool) sees this one.
+        config.indexer_types = list(self.plan.kinds)
+        config.index_topk_pattern = self.plan.pattern
+        logger.info(self.plan.describe())
+        self.config = config
+        self.quant_config = quant_config
+        self.model = GlmDsaModel(config, self.plan, quant_config, add_prefix("model", prefix))
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, prefix=add_prefix("lm_head", prefix)
+        )
+        self.logits_processor = LogitsProcessor(config)
+
+    @property
+    def topk_buffer(self) -> TopkBuffer:
+        return self.model.topk_buffer
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: Optional[torch.Tensor] = None,
+        plan: Optional[LayerPlan] = None,
+        **unused,
+    ):
+        hidden_states = self.model(input_ids, positions, forward_batch, input_embeds, plan)
+        return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
+
+    # ---- weights ----------------------------------------------------------------------------
+
+    stacked_params_mapping = [
+        # (param_name, checkpoint shard name, shard_id)
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        params = dict(self.named_parameters())
+        accounting = CheckpointAccounting(self.config, self.plan)
+        expert_mapping = FusedMoE.make_expert_params_mapping(
+            ckpt_gate_proj_name="gate_proj",
+            ckpt_down_proj_name="down_proj",
+            ckpt_up_proj_name="up_proj",
+            num_experts=self.config.n_routed_experts,
+        )
+        for name, tensor in weights:
+            if not accounting.admit(name, tensor):
+                continue
+            accounting.loaded.add(self._load_one(params, expert_mapping, name, tensor))
+        accounting.finish(params)
+        for layer in self.model.layers:
+            layer.self_attn.absorb_kv_b_proj(_dequantized_weight(layer.self_attn.kv_b_proj))
+
+    def _load_one(self, params, expert_mapping, name: str, tensor: torch.Tensor) -> str:
+        for param_name, shard_name, shard_id in self.stacked_params_mapping:
+            if f".{shard_name}." not in name or ".experts." in name:  # routed experts below
+                continue
+            target = name.replace(shard_name, param_name)
+            if target in params:
+                params[target].weight_loader(params[target], tensor, shard_id)
+                return target
+        for param_name, shard_name, expert_id, shard_id in expert_mapping:
+            if shard_name not in name or "shared_experts" in name:
+                continue
+            target = name.replace(shard_name, param_name)
+            params[target].weight_loader(
+                params[target], tensor, target, shard_id=shard_id, expert_id=expert_id
+            )
+            return target
+        if name not in params:
+            raise KeyError(
+                f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
+                "the checkpoint does not match this GLM-DSA model"
+            )
+        param = params[name]
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        return name
+
+
+def _dequantized_weight(linear: nn.Module) -> torch.Tensor:
+    """kv_b_proj's weight in floating point (FP8 block-quantized checkpoints carry scales)."""
+    weight = linear.weight
+    if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return weight.data
+    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
+
+    scale = getattr(linear, "weight_scale_inv", None)
+    block = linear.quant_method.quant_config.weight_block_size
+    return block_quant_dequant(weight.data, scale.data, block, torch.get_default_dtype())
+
+
+EntryClass = [GlmMoeDsaForCausalLM]
