@@ -83,10 +83,10 @@ def _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8: tl.constexpr, ROW_ELEM
 def _sparse_mla_fwd_kernel(
     q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
     qk_scale_log2,
-    num_heads, topk, split_len,
+    num_heads, topk, split_len, splits,
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_lt,
     KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    SPLIT_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
     # head block fastest: programs sharing a token's KV rows run side by side and hit L2
@@ -133,12 +133,12 @@ def _sparse_mla_fwd_kernel(
     has_key = l_i > 0.0
     o = acc / tl.where(has_key, l_i, 1.0)[:, None]
     lse_log2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    if SPLITS == 1:
+    if not SPLIT_OUT:
         o_ptrs = out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d_v[None, :]
         tl.store(o_ptrs, o.to(tl.bfloat16), mask=head_ok[:, None])
         tl.store(lse_ptr + t.to(tl.int64) * stride_lt + heads, lse_log2 * 0.6931471805599453, mask=head_ok)
     else:
-        part = (t.to(tl.int64) * SPLITS + pid_s) * num_heads + heads
+        part = (t.to(tl.int64) * splits + pid_s) * num_heads + heads
         tl.store(part_out_ptr + part[:, None] * 512 + d_v[None, :], o, mask=head_ok[:, None])
         tl.store(part_lse_ptr + part, lse_log2, mask=head_ok)
 
@@ -147,20 +147,20 @@ def _sparse_mla_fwd_kernel(
 def _merge_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, lse_ptr,
     num_heads, stride_ot, stride_oh, stride_lt,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     """out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse); one program per (token, head)."""
     h = tl.program_id(0)
     t = tl.program_id(1)
-    s = tl.arange(0, SPLITS)
+    s = tl.arange(0, SPLITS_P2)
     d = tl.arange(0, 512)
     part = (t.to(tl.int64) * SPLITS + s) * num_heads + h
-    lse_s = tl.load(part_lse_ptr + part)
+    lse_s = tl.load(part_lse_ptr + part, mask=s < SPLITS, other=float("-inf"))
     m = tl.max(lse_s, 0)
     has_key = m > float("-inf")
     w = tl.where(has_key, tl.exp2(lse_s - tl.where(has_key, m, 0.0)), 0.0)
     w_sum = tl.sum(w, 0)
-    o_s = tl.load(part_out_ptr + part[:, None] * 512 + d[None, :])
+    o_s = tl.load(part_out_ptr + part[:, None] * 512 + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
     o = tl.sum(o_s * w[:, None], 0) / tl.where(has_key, w_sum, 1.0)
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, o.to(tl.bfloat16))
     lse = tl.where(has_key, (m + tl.log2(tl.where(has_key, w_sum, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -215,18 +215,16 @@ def sparse_mla_fwd(
     _sparse_mla_fwd_kernel[grid](
         q, kv, indices, out, lse, part_out, part_lse,
         sm_scale * _LOG2E,
-        H, topk, split_len,
+        H, topk, split_len, splits,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
-        SPLITS=splits, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+        SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
         DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
     )
     if splits > 1:
-        merged_splits = triton.next_power_of_2(splits)
-        assert merged_splits == splits, "splits must be a power of two"
         _merge_splits_kernel[(H, T)](
             part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
-            SPLITS=splits, num_warps=4,
+            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
         )
     return out, lse
 

@@ -1,0 +1,17 @@
+"""Runs test_kernels.py's tiny "interp" cases on CPU under TRITON_INTERPRET=1, in a subprocess
+because the variable must be set before triton decorates the kernels."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_kernels_under_triton_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    here = Path(__file__).parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-k", "interp", str(here / "test_kernels.py")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

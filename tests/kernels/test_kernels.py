@@ -1,0 +1,137 @@
+"""Triton kernels vs float64 references on fresh random data: poisoned outputs, -1 padding,
+ragged lengths. "cuda" runs on a GPU; "interp" runs tiny shapes on CPU under TRITON_INTERPRET=1
+(test_interpreted.py starts that in a subprocess, since the variable must be set before import)."""
+
+import os
+
+import pytest
+import torch
+
+from glm_dsa_kernels.indexer import indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
+from glm_dsa_kernels.sparse_mla import SparseMLAConfig, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref
+from glm_dsa_kernels.topk_compact import (
+    compact_topk_rows,
+    compact_topk_rows_ref,
+    compact_topk_rows_tree,
+    compact_topk_rows_tree_ref,
+)
+from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
+
+INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = [
+    pytest.param("cuda", marks=pytest.mark.gpu),
+    pytest.param("interp", marks=pytest.mark.skipif(not INTERP, reason="needs TRITON_INTERPRET=1")),
+]
+
+
+def _dev(device):
+    return "cuda" if device == "cuda" else "cpu"
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_fp8", [False, True])
+@pytest.mark.parametrize("heads,splits", [(8, 1), (16, 2), (64, 1), (64, 4)])
+def test_sparse_mla(device, kv_fp8, heads, splits):
+    dev = _dev(device)
+    torch.manual_seed(100 + heads + splits + kv_fp8)
+    T, P, topk = (7, 3000, 512) if device == "cuda" else (3, 300, 96)
+    if device == "interp" and heads == 64:
+        heads = 16
+    q = torch.randn(T, heads, 576, device=dev).bfloat16()
+    kv_bf16 = torch.randn(P, 576, device=dev).bfloat16()
+    kv = quantize_kv_fp8(kv_bf16) if kv_fp8 else kv_bf16
+    idx = torch.randint(0, P, (T, topk), device=dev, dtype=torch.int32)
+    lengths = torch.randint(1, topk + 1, (T,), device=dev)
+    idx[torch.arange(topk, device=dev)[None, :] >= lengths[:, None]] = -1  # ragged, -1 padded
+    idx[1] = -1  # a token with no key at all
+    idx[0, ::5] = -1  # holes in the middle
+    out = torch.full((T, heads, 512), float("nan"), device=dev).bfloat16()
+    lse = torch.full((T, heads), float("nan"), device=dev)
+    block_h = 64 if heads >= 64 else 16
+    cfg = SparseMLAConfig(block_h, 16 if device == "interp" else 32, splits, 8 if block_h == 64 else 4, 2)
+    sparse_mla_fwd(q, kv, idx, 576**-0.5, out=out, lse=lse, config=cfg)
+    ref_out, ref_lse = sparse_mla_fwd_ref(q, kv, idx, 576**-0.5)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert _rel(out, ref_out) < (2e-2 if kv_fp8 else 8e-3)
+    assert torch.equal(lse[1].isinf(), torch.ones_like(lse[1], dtype=torch.bool)) and out[1].abs().max() == 0
+    ok = ref_lse.isfinite()
+    assert (lse[ok].double() - ref_lse[ok]).abs().max() < (2e-2 if kv_fp8 else 1e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_mla_default_config(device):
+    dev = _dev(device)
+    q = torch.randn(5, 16, 576, device=dev).bfloat16()
+    kv = torch.randn(500, 576, device=dev).bfloat16()
+    idx = torch.randint(-1, 500, (5, 128), device=dev, dtype=torch.int32)
+    if device == "interp":
+        out, lse = sparse_mla_fwd(q, kv, idx, 0.05, config=SparseMLAConfig(16, 16, 2, 4, 2))
+    else:
+        out, lse = sparse_mla_fwd(q, kv, idx, 0.05)
+    ref_out, _ = sparse_mla_fwd_ref(q, kv, idx, 0.05)
+    assert _rel(out, ref_out) < 8e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k_fp8", [False, True])
+def test_indexer(device, k_fp8):
+    dev = _dev(device)
+    torch.manual_seed(7 + k_fp8)
+    B, max_pages, num_pages, topk = (4, 40, 200, 512) if device == "cuda" else (3, 5, 20, 64)
+    k_bf16 = torch.randn(num_pages, 64, 128, device=dev).bfloat16()
+    k_cache = quantize_index_k_fp8(k_bf16) if k_fp8 else k_bf16
+    page_table = torch.stack([torch.randperm(num_pages, device=dev)[:max_pages] for _ in range(B)]).int()
+    T = 2 * B + 1
+    query_req = torch.randint(0, B, (T,), device=dev, dtype=torch.int32)
+    key_limit = torch.randint(1, max_pages * 64 + 1, (T,), device=dev, dtype=torch.int32)
+    key_limit[0] = topk - 3  # fewer keys than topk: -1 padding
+    q = torch.randn(T, 32, 128, device=dev).bfloat16()
+    w = torch.randn(T, 32, device=dev) * 128**-0.5
+    logits = torch.full((T, max_pages * 64), float("nan"), device=dev)
+    indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits)
+    ref = indexer_logits_ref(q, w, k_cache, page_table, query_req, key_limit)
+    valid = ref.isfinite()
+    assert not logits[valid].isnan().any()
+    assert _rel(logits[valid], ref[valid]) < 1e-5
+    got = indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, max_logits_bytes=4 * 64 * max_pages * 3)
+    # exact on the kernel's own fp32 logits (tie rule included) ...
+    want = topk_positions_ref(logits.masked_fill(~valid, float("-inf")).cpu(), key_limit.cpu(), topk)
+    assert torch.equal(got.cpu(), want)
+    # ... and, against float64, every kept key scores at least the reference k-th score (up to fp32 noise)
+    for t in range(T):
+        n = int(key_limit[t])
+        kept = got[t][got[t] >= 0].long()
+        assert kept.numel() == min(n, topk) and (got[t, kept.numel():] == -1).all()
+        if n > topk:
+            kth = ref[t, :n].topk(topk).values[-1]
+            assert (ref[t, kept] >= kth - 1e-4 * ref[t, :n].abs().max()).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_topk_select_ties(device):
+    dev = _dev(device)
+    W = 20000 if device == "cuda" else 5000
+    logits = torch.randn(6, W, device=dev)
+    logits[1] = torch.randint(0, 4, (W,), device=dev).float()  # heavy ties at the cut
+    logits[2] = -1.5  # all equal
+    logits[3, ::2] = -0.0
+    logits[3, 1::2] = 0.0
+    key_limit = torch.tensor([W, W - 7, 4097, W // 2, 17, 300], dtype=torch.int32, device=dev)
+    got = topk_positions(logits, key_limit, 300)
+    assert torch.equal(got.cpu(), topk_positions_ref(logits.cpu(), key_limit.cpu(), 300))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compaction(device):
+    dev = _dev(device)
+    rows = torch.randint(-1, 10**6, (13, 2048), device=dev, dtype=torch.int32)
+    cu = torch.tensor([0, 3, 4, 9, 13], device=dev, dtype=torch.int32)
+    accept = torch.tensor([3, 1, 2, 4], device=dev, dtype=torch.int32)
+    out = torch.full((4, 2048), -7, device=dev, dtype=torch.int32)
+    assert torch.equal(compact_topk_rows(rows, cu, accept, out=out), compact_topk_rows_ref(rows, cu, accept))
+    last = torch.tensor([2, 0, 3], device=dev, dtype=torch.int32)
+    assert torch.equal(compact_topk_rows_tree(rows[:12], 4, last), compact_topk_rows_tree_ref(rows[:12], 4, last))
