@@ -1,0 +1,432 @@
+"""One GPU run: check every glm_dsa_kernels kernel against float64 references, then time them
+against the roofline (both ceilings measured in this run) and against SGLang 0.5.23's Triton
+sparse-MLA kernels (copied, git-ignored, into third_party_baselines/).
+
+  mkdir -p /tmp/p && ln -s $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  python3 benchmarks/kernels/bench_kernels.py --out-dir OUT [--sweep]
+
+Writes results.json, results.md and roofline.png into --out-dir (default: beside this script).
+`--plot-only results.json` redraws the PNG where matplotlib exists.
+"""
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(REPO / "third_party_baselines"))
+
+ROWS = []  # every timed line, for results.json / results.md
+CHECKS = []  # every correctness line
+MARKDOWN = []  # the printed tables, for results.md
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ------------------------------------------------------------------ timing and ceilings
+def bench(fn, rep=100):
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e-3  # seconds
+
+
+def measure_ceilings():
+    n = 1 << 30  # 2 GiB bf16 source, 2 GiB destination
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src))
+    bw = 2 * src.numel() * src.element_size() / t
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t = bench(lambda: a @ b)
+    peak = 2 * 8192**3 / t
+    return bw, peak
+
+
+class Table:
+    def __init__(self, title, tag, ceil):
+        self.title, self.tag, self.ceil, self.lines = title, tag, ceil, []
+
+    def add(self, shape, impl, seconds, nbytes, flops, note=""):
+        bw, peak = self.ceil
+        floor = max(nbytes / bw, flops / peak)
+        row = dict(table=self.title, tag=self.tag, shape=shape, impl=impl, us=seconds * 1e6, tbps=nbytes / seconds / 1e12,
+                   tflops=flops / seconds / 1e12, roofline_pct=100 * floor / seconds,
+                   bound="bytes" if nbytes / bw >= flops / peak else "flops", note=note)
+        self.lines.append(row)
+        ROWS.append(row)
+
+    def time(self, shape, impl, fn, nbytes, flops, rep=100, note=""):
+        """Time fn; a failing implementation becomes a failed check instead of ending the table."""
+        try:
+            self.add(shape, impl, bench(fn, rep=rep), nbytes, flops, note)
+        except Exception:
+            traceback.print_exc()
+            check(f"{self.tag} {shape} {impl} ran", False, traceback.format_exc().splitlines()[-1])
+
+    def show(self):
+        md = [f"\n### {self.title}", "| shape | impl | median us | TB/s | TFLOP/s | % roofline (bound) | vs SGLang | note |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in self.lines:
+            base = [x for x in self.lines if x["shape"] == r["shape"] and x["impl"].startswith("sglang")]
+            vs = f"{base[0]['us'] / r['us']:.2f}x" if base else ""
+            r["speedup_vs_sglang"] = base[0]["us"] / r["us"] if base else None
+            md.append(f"| {r['shape']} | {r['impl']} | {r['us']:.1f} | {r['tbps']:.2f} | {r['tflops']:.1f} | "
+                      f"{r['roofline_pct']:.0f}% ({r['bound']}) | {vs} | {r['note']} |")
+        MARKDOWN.extend(md)
+        log("\n".join(md))
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+def check(name, ok, detail):
+    CHECKS.append(dict(name=name, ok=bool(ok), detail=detail))
+    log(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
+
+
+# ------------------------------------------------------------------ inputs
+def mla_inputs(pool, T, H, topk, gen_seed):
+    g = torch.Generator(device="cuda").manual_seed(gen_seed)
+    q = torch.randn(T, H, 576, device="cuda", dtype=torch.bfloat16, generator=g)
+    idx = torch.randint(0, pool.shape[0], (T, topk), device="cuda", dtype=torch.int32, generator=g)
+    return q, idx
+
+
+def sglang_decode(q, kv3, idx, scale):
+    from triton_sparse_mla_decode import triton_sparse_mla_decode
+
+    return triton_sparse_mla_decode(q[..., :512], q[..., 512:], kv3, idx[:, None, :], scale)
+
+
+def sglang_fwd(q, kv3, idx, scale):
+    from triton_sparse_mla import triton_sparse_mla_fwd
+
+    return triton_sparse_mla_fwd(q[..., :512], q[..., 512:], kv3, idx[:, None, :], scale)
+
+
+# ------------------------------------------------------------------ correctness
+def correctness(kv_bf16, kv_fp8):
+    from glm_dsa_kernels.indexer import indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
+    from glm_dsa_kernels.sparse_mla import sparse_mla_fwd, sparse_mla_fwd_ref
+    from glm_dsa_kernels.topk_compact import compact_topk_rows, compact_topk_rows_ref
+    from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
+
+    scale = 576**-0.5
+    for name, kv in (("bf16", kv_bf16), ("fp8", kv_fp8)):
+        for T, H in ((64, 8), (64, 16), (32, 64), (256, 16), (300, 64)):
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, T * 1000 + H)
+            lengths = torch.randint(1, 2049, (T,), device="cuda")
+            idx[torch.arange(2048, device="cuda")[None, :] >= lengths[:, None]] = -1
+            idx[3] = -1
+            out = torch.full((T, H, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lse = torch.full((T, H), float("nan"), device="cuda")
+            sparse_mla_fwd(q, kv, idx, scale, out=out, lse=lse)
+            sub = torch.arange(0, T, max(1, T // 24), device="cuda")  # float64 on a subset of tokens
+            ro, rl = sparse_mla_fwd_ref(q[sub], kv, idx[sub], scale)
+            ok_l = rl.isfinite()
+            e = rel_err(out[sub], ro)
+            el = (lse[sub][ok_l].double() - rl[ok_l]).abs().max().item()
+            good = (not out.isnan().any()) and (not lse.isnan().any()) and e < (2e-2 if name == "fp8" else 8e-3)
+            good = good and bool(lse[3].isinf().all()) and out[3].abs().max().item() == 0
+            check(f"sparse_mla {name} T={T} H={H}", good, f"out rel err {e:.2e}, lse max abs err {el:.2e}")
+    # indexer + top-k, ragged causal limits, both key formats
+    for k_fmt in ("bf16", "fp8"):
+        B, max_pages, num_pages, T, topk = 6, 96, 700, 9, 2048
+        k_bf16 = torch.randn(num_pages, 64, 128, device="cuda", dtype=torch.bfloat16)
+        k_cache = quantize_index_k_fp8(k_bf16) if k_fmt == "fp8" else k_bf16
+        pt = torch.stack([torch.randperm(num_pages, device="cuda")[:max_pages] for _ in range(B)]).int()
+        qr = torch.randint(0, B, (T,), device="cuda", dtype=torch.int32)
+        kl = torch.randint(1, max_pages * 64 + 1, (T,), device="cuda", dtype=torch.int32)
+        kl[0] = 100
+        q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(T, 32, device="cuda") / 32
+        lg = torch.full((T, max_pages * 64), float("nan"), device="cuda")
+        indexer_logits(q, w, k_cache, pt, qr, kl, lg)
+        ref = indexer_logits_ref(q, w, k_cache, pt, qr, kl)
+        valid = ref.isfinite()
+        e = rel_err(lg[valid], ref[valid])
+        got = indexer_topk(q, w, k_cache, pt, qr, kl, topk)
+        want = topk_positions_ref(lg.masked_fill(~valid, float("-inf")), kl, topk)
+        check(f"indexer logits {k_fmt}", e < 1e-5 and not lg[valid].isnan().any(), f"rel err {e:.2e}")
+        check(f"indexer top-k {k_fmt} (exact on own logits, ties->lower position)", torch.equal(got, want),
+              f"mismatching rows {(got != want).any(1).sum().item()}")
+    lg = torch.randint(0, 8, (16, 70000), device="cuda").float()  # heavy ties
+    kl = torch.randint(1, 70001, (16,), device="cuda", dtype=torch.int32)
+    check("top-k select heavy ties", torch.equal(topk_positions(lg, kl, 2048), topk_positions_ref(lg, kl, 2048)), "")
+    rows = torch.randint(-1, 10**6, (40, 2048), device="cuda", dtype=torch.int32)
+    cu = torch.tensor([0, 4, 8, 9, 40], device="cuda", dtype=torch.int32)
+    acc = torch.tensor([4, 2, 1, 31], device="cuda", dtype=torch.int32)
+    check("top-k compaction", torch.equal(compact_topk_rows(rows, cu, acc), compact_topk_rows_ref(rows, cu, acc)), "")
+
+
+# ------------------------------------------------------------------ sparse MLA
+def sweep(kv_bf16, kv_fp8, ceil):
+    from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd
+
+    scale = 576**-0.5
+    for fmt, kv, row_bytes in (("bf16", kv_bf16, 1152), ("fp8", kv_fp8, 656)):
+        for T, H in ((64, 16), (256, 16), (64, 64), (256, 64)):
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
+            nbytes, flops = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
+            floor = max(nbytes / ceil[0], flops / ceil[1])
+            res = []
+            bhs = (16,) if H <= 16 else (64, 32)
+            for bh in bhs:
+                for bn in (32, 64):
+                    for ns in (2, 3, 4):
+                        for sp in (1, 2, 4, 8):
+                            if T * sp * (H // bh) > 8 * 132 or (T * sp * (H // bh) < 100):
+                                continue
+                            nw = 8 if bh == 64 else 4
+                            cfg = SparseMLAConfig(bh, bn, sp, nw, ns)
+                            try:
+                                t = bench(lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), rep=20)
+                            except Exception as exc:  # out of shared memory etc.
+                                log(f"  sweep {fmt} T={T} H={H} {cfg}: {type(exc).__name__}")
+                                continue
+                            res.append((t, cfg))
+            res.sort(key=lambda x: x[0])
+            log(f"sweep {fmt} T={T} H={H}: best " + "; ".join(
+                f"{t * 1e6:.1f}us {100 * floor / t:.0f}% {c}" for t, c in res[:4]))
+
+
+def mla_decode_tables(kv_bf16, kv_fp8, ceil):
+    from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
+
+    scale = 576**-0.5
+    kv3_bf16 = kv_bf16.view(-1, 1, 576)
+    tab = Table("sparse MLA decode, BF16 KV (1M-token pool, top-k 2048 random rows)", "MLA bf16", ceil)
+    for T in (64, 256):
+        for H in (8, 16, 64):
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, 11)
+            nb, fl = sparse_mla_bytes(T, H, 2048, 1152), sparse_mla_flops(T, H, 2048)
+            shape = f"batch {T}, heads {H}"
+            tab.time(shape, "sglang triton_sparse_mla_decode", lambda: sglang_decode(q, kv3_bf16, idx, scale), nb, fl)
+            tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv_bf16, idx, scale), nb, fl)
+            if T == 64:
+                tab.time(shape, "torch gather+matmul (bf16)",
+                         lambda: sparse_mla_fwd_ref(q, kv_bf16, idx, scale, compute_dtype=torch.bfloat16), nb, fl, rep=50)
+    tab.show()
+
+    kv3_fp8 = kv_bf16.to(torch.float8_e4m3fn).view(-1, 1, 576)  # SGLang's FP8 layout: 576 fp8, no scales
+    tab = Table("sparse MLA decode, FP8 KV (656-byte FlashMLA rows; SGLang: fp8 [pool,1,576])", "MLA fp8", ceil)
+    for T in (64, 256):
+        for H in (16, 64):
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, 13)
+            nb, fl = sparse_mla_bytes(T, H, 2048, 656), sparse_mla_flops(T, H, 2048)
+            shape = f"batch {T}, heads {H}"
+            tab.time(shape, "sglang triton_sparse_mla_decode", lambda: sglang_decode(q, kv3_fp8, idx, scale),
+                     sparse_mla_bytes(T, H, 2048, 576), fl, note="576 B rows")
+            tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv_fp8, idx, scale), nb, fl)
+    tab.show()
+
+    tab = Table("sparse MLA prefill-sized: 4096 queries x top-k 2048, 64 heads", "MLA prefill", ceil)
+    for fmt, kv in (("bf16", kv_bf16), ("fp8", kv_fp8)):
+        q, idx = mla_inputs(kv_bf16, 4096, 64, 2048, 17)
+        row_bytes = 1152 if fmt == "bf16" else 656
+        nb, fl = sparse_mla_bytes(4096, 64, 2048, row_bytes), sparse_mla_flops(4096, 64, 2048)
+        shape = f"{fmt} KV"
+        if fmt == "bf16":
+            t0 = time.time()
+            tab.time(shape, "sglang triton_sparse_mla_fwd", lambda: sglang_fwd(q, kv3_bf16, idx, scale), nb, fl)
+            log(f"  (sglang triton_sparse_mla_fwd, autotune included, took {time.time() - t0:.1f}s)")
+        tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv, idx, scale), nb, fl)
+    tab.show()
+
+
+# ------------------------------------------------------------------ indexer
+def make_index_cache(B, keys_per_req, fmt="fp8"):
+    from glm_dsa_kernels.indexer import quantize_index_k_fp8
+
+    pages_per_req = keys_per_req // 64
+    num_pages = B * pages_per_req
+    k = torch.randn(num_pages, 64, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache = quantize_index_k_fp8(k) if fmt == "fp8" else k
+    del k
+    page_table = torch.randperm(num_pages, device="cuda").int().view(B, pages_per_req)
+    return k_cache, page_table
+
+
+def indexer_tables(ceil):
+    from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
+    from glm_dsa_kernels.topk_select import topk_positions
+
+    tab = Table("lightning indexer + top-k 2048, decode, FP8 keys (132 B/token), bf16 q", "indexer", ceil)
+    for B, keys in ((64, 65536), (32, 131072)):
+        k_cache, pt = make_index_cache(B, keys)
+        q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(B, 32, device="cuda") / 32
+        qr = torch.arange(B, device="cuda", dtype=torch.int32)
+        kl = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+        nb, fl = indexer_bytes(B * keys, B, 2048), indexer_flops(B * keys)
+        lg = torch.empty(B, keys, device="cuda")
+        shape = f"batch {B} x {keys // 1024}K keys"
+        tab.time(shape, "glm_dsa indexer_topk (logits + top-k)", lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048),
+                 nb, fl)
+        tab.time(shape, "  logits kernel alone", lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg), nb, fl)
+        tab.time(shape, "  top-k select alone", lambda: topk_positions(lg, kl, 2048), B * keys * 4 + B * 2048 * 4, 0,
+                 note="bytes = logits read once")
+
+        def torch_ref():  # plain PyTorch: dequantize the gathered pages, einsum, relu, weigh, torch.topk
+            from glm_dsa_kernels.indexer import dequantize_index_k
+
+            kk = dequantize_index_k(k_cache[pt.view(-1)], torch.bfloat16).view(B, keys, 128)
+            s = torch.einsum("bhd,bjd->bhj", q, kk).float().clamp_(min=0)
+            return torch.einsum("bhj,bh->bj", s, w).topk(2048, dim=1).indices
+
+        tab.time(shape, "torch reference (bf16 einsum + torch.topk)", torch_ref, nb, fl, rep=50)
+        del k_cache, pt, lg
+    tab.show()
+
+
+def indexcache_tables(kv_fp8, ceil):
+    """Kernel-level prefill of a 4-layer stack: a chunk of C queries at the end of a context.
+    Per layer: sparse MLA (64 heads, FP8 KV) over top-k rows; 'full' layers also run the indexer
+    (FP8 keys, causal limits) and map positions to pool rows. All-full vs one layer in four full."""
+    from glm_dsa_kernels.indexer import indexer_topk
+    from glm_dsa_kernels.pool_rows import positions_to_pool_rows
+    from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
+
+    title = "IndexCache: 4-layer stack, prefill chunk of 2048 queries at the end of the context"
+    MARKDOWN.extend([f"\n### {title}", "| context | all layers full ms | 1 in 4 full ms | speedup | indexer ms/layer | indexer share (all full) |",
+                     "|---|---|---|---|---|---|"])
+    C, L, scale = 2048, 4, 576**-0.5
+    for ctx in (32768, 131072):
+        k_cache, pt = make_index_cache(1, ctx)
+        req_to_token = torch.randperm(kv_fp8.shape[0], device="cuda")[:ctx].int().view(1, ctx)
+        q_idx = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(C, 32, device="cuda") / 32
+        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
+        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)  # causal
+        q = torch.randn(C, 64, 576, device="cuda", dtype=torch.bfloat16)
+
+        def layer(full, rows):
+            if full:
+                pos = indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048)
+                rows = positions_to_pool_rows(pos, req_to_token, qr)
+            sparse_mla_fwd(q, kv_fp8, rows, scale)
+            return rows
+
+        def stack(pattern):
+            rows = None
+            for full in pattern:
+                rows = layer(full, rows)
+
+        t_all = bench(lambda: stack([True] * L), rep=200)
+        t_cache = bench(lambda: stack([True] + [False] * (L - 1)), rep=200)
+        t_idx = bench(lambda: indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048), rep=100)
+        row = dict(table=title, shape=f"context {ctx // 1024}K", impl="stack timings", us=t_all * 1e6,
+                   all_full_ms=t_all * 1e3, one_in_four_ms=t_cache * 1e3, speedup=t_all / t_cache,
+                   indexer_ms=t_idx * 1e3, indexer_share_all_full=L * t_idx / t_all)
+        ROWS.append(row)
+        MARKDOWN.append(f"| {ctx // 1024}K | {t_all * 1e3:.2f} | {t_cache * 1e3:.2f} | {t_all / t_cache:.2f}x | "
+                        f"{t_idx * 1e3:.2f} | {100 * L * t_idx / t_all:.0f}% |")
+        log(f"context {ctx // 1024}K: all-full {t_all * 1e3:.2f} ms, 1-in-4 full {t_cache * 1e3:.2f} ms, "
+            f"IndexCache speedup {t_all / t_cache:.2f}x (indexer {t_idx * 1e3:.2f} ms/layer, "
+            f"{100 * L * t_idx / t_all:.0f}% of the all-full stack)")
+        del k_cache, pt
+
+
+# ------------------------------------------------------------------ outputs
+def write_outputs(out_dir, meta):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(dict(meta=meta, checks=CHECKS, rows=ROWS), indent=1))
+    head = [f"{meta['gpu']} ({meta['sms']} SMs), torch {meta['torch']}, triton {meta['triton']}",
+            f"ceilings measured in this run: device copy {meta['copy_tbps']:.2f} TB/s (read+write), "
+            f"bf16 8192^3 matmul {meta['matmul_tflops']:.0f} TFLOP/s", f"command: `{meta['command']}`",
+            f"checks: {sum(c['ok'] for c in CHECKS)}/{len(CHECKS)} passed"]
+    checks = [f"- [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in CHECKS]
+    (out_dir / "results.md").write_text("\n".join(head + [""] + checks + MARKDOWN) + "\n")
+    plot(out_dir / "results.json", out_dir / "roofline.png")
+
+
+def plot(json_path, png_path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib missing: run --plot-only results.json elsewhere")
+        return
+    data = json.loads(Path(json_path).read_text())
+    rows = [r for r in data["rows"] if "roofline_pct" in r and not r["impl"].startswith("  ")]
+    labels = list(dict.fromkeys(f"{r['tag']} | {r['shape']}" for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    width = 0.8 / len(impls)
+    fig, ax = plt.subplots(figsize=(13, 6))
+    for i, impl in enumerate(impls):
+        pts = [(labels.index(f"{r['tag']} | {r['shape']}"), r["roofline_pct"]) for r in rows if r["impl"] == impl]
+        ax.bar([j + i * width for j, _ in pts], [y for _, y in pts], width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("% of roofline bound max(bytes/BW, flops/peak)")
+    m = data["meta"]
+    ax.set_title(f"{m['gpu']}: copy {m['copy_tbps']:.2f} TB/s, bf16 matmul {m['matmul_tflops']:.0f} TFLOP/s")
+    ax.axhline(100, color="k", lw=0.5)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    log(f"wrote {png_path}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out-dir", type=Path, default=HERE)
+    ap.add_argument("--sweep", action="store_true", help="also sweep sparse-MLA launch configs")
+    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache")
+    ap.add_argument("--plot-only", type=Path)
+    args = ap.parse_args()
+    if args.plot_only:
+        plot(args.plot_only, args.plot_only.with_name("roofline.png"))
+        return
+    import triton
+
+    skip = set(args.skip.split(","))
+    props = torch.cuda.get_device_properties(0)
+    bw, peak = measure_ceilings()
+    meta = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                copy_tbps=bw / 1e12, matmul_tflops=peak / 1e12, command=" ".join(sys.argv))
+    log(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}")
+    log(f"ceilings: device copy {bw / 1e12:.2f} TB/s (read+write), bf16 8192^3 matmul {peak / 1e12:.0f} TFLOP/s")
+    ceil = (bw, peak)
+
+    from glm_dsa_kernels.sparse_mla import quantize_kv_fp8
+
+    pool = 1 << 20
+    kv_bf16 = torch.randn(pool, 576, device="cuda", dtype=torch.bfloat16)
+    kv_fp8 = quantize_kv_fp8(kv_bf16)
+    t0 = time.time()
+    sections = [("check", lambda: correctness(kv_bf16, kv_fp8)), ("decode", lambda: mla_decode_tables(kv_bf16, kv_fp8, ceil)),
+                ("indexer", lambda: indexer_tables(ceil)), ("indexcache", lambda: indexcache_tables(kv_fp8, ceil))]
+    if args.sweep:
+        sections.append(("sweep", lambda: sweep(kv_bf16, kv_fp8, ceil)))
+    for name, run in sections:
+        if name in skip:
+            continue
+        try:
+            run()
+        except Exception:  # keep the other sections' numbers; the failure is a failed check
+            traceback.print_exc()
+            check(f"section {name} ran", False, traceback.format_exc().splitlines()[-1])
+        torch.cuda.empty_cache()
+        log(f"(after {name}: {time.time() - t0:.0f}s)")
+        write_outputs(args.out_dir, meta)
+    meta["checks_passed"] = all(c["ok"] for c in CHECKS)
+    write_outputs(args.out_dir, meta)
+    log(f"all checks passed: {meta['checks_passed']} ({len(CHECKS)} checks); total {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
