@@ -33,7 +33,7 @@ def _topk_select_kernel(
     bins = tl.arange(0, 512)
 
     thr = tl.zeros([], tl.uint32)  # every real key is > 0: with n <= topk all valid keys are kept
-    remaining = topk
+    remaining = tl.zeros([], tl.int32) + topk
     if n > topk:
         prefix_mask = tl.zeros([], tl.uint32)
         for pass_id in tl.static_range(4):
@@ -57,8 +57,8 @@ def _topk_select_kernel(
 
     # positions in ascending order: all keys > thr, then the first `remaining` keys == thr
     out_row = out_ptr + t.to(tl.int64) * stride_ot
-    written = 0
-    ties_seen = 0
+    written = tl.zeros([], tl.int32)
+    ties_seen = tl.zeros([], tl.int32)
     for j0 in range(0, n, BLOCK):
         pos = j0 + offs
         valid = pos < n
