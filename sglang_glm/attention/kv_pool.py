@@ -80,7 +80,7 @@ class TorchDSAKVPool(DSATokenToKVPool):
 
     def get_kv_size_bytes(self):
         index_bytes = sum(b.numel() * b.element_size() for b in self.index_k_buffer if b is not None)
-        return super().get_kv_size_bytes() + index_bytes
+        return MLATokenToKVPool.get_kv_size_bytes(self) + index_bytes
 
     def index_k(self, layer_id: int) -> torch.Tensor:
         buf = self.index_k_buffer[layer_id - self.start_layer]
