@@ -234,6 +234,7 @@ def write_checkpoint(
         tensors = _quantize_state_dict(tensors, qcfg["modules_to_not_convert"])
         config.quantization_config = qcfg
     save_file(tensors, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
+    config.architectures = ["GlmMoeDsaForCausalLM"]  # serving stacks pick the model class by it
     config.save_pretrained(path)
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id).save_pretrained(path)
     if tokenizer is not None:
