@@ -37,7 +37,7 @@ def _topk_select_kernel(
     if n > topk:
         prefix_mask = tl.zeros([], tl.uint32)
         for pass_id in tl.static_range(4):
-            shift: tl.constexpr = 24 - 8 * pass_id
+            shift = 24 - 8 * pass_id
             hist = tl.zeros([512], tl.int32)
             for j0 in range(0, n, BLOCK):
                 pos = j0 + offs

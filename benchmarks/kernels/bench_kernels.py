@@ -181,21 +181,22 @@ def sweep(kv_bf16, kv_fp8, ceil):
             nbytes, flops = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
             floor = max(nbytes / ceil[0], flops / ceil[1])
             res = []
-            bhs = (16,) if H <= 16 else (64, 32)
-            for bh in bhs:
-                for bn in (32, 64):
-                    for ns in (2, 3, 4):
-                        for sp in (1, 2, 4, 8):
-                            if T * sp * (H // bh) > 8 * 132 or (T * sp * (H // bh) < 100):
-                                continue
-                            nw = 8 if bh == 64 else 4
-                            cfg = SparseMLAConfig(bh, bn, sp, nw, ns)
-                            try:
-                                t = bench(lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), rep=20)
-                            except Exception as exc:  # out of shared memory etc.
-                                log(f"  sweep {fmt} T={T} H={H} {cfg}: {type(exc).__name__}")
-                                continue
-                            res.append((t, cfg))
+            if H <= 16:
+                shapes = [(16, bn, 4, ns) for bn in (32, 64) for ns in (3, 4)]
+            else:
+                shapes = [(64, 32, 8, 2), (64, 32, 8, 3), (64, 64, 8, 2), (32, 32, 8, 2), (32, 32, 8, 3)]
+            for bh, bn, nw, ns in shapes:
+                for sp in (1, 2, 4, 8):
+                    programs = T * sp * (H // bh)
+                    if programs > 8 * 132 or (sp > 1 and programs > 4 * 132):
+                        continue
+                    cfg = SparseMLAConfig(bh, bn, sp, nw, ns)
+                    try:
+                        t = bench(lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), rep=20)
+                    except Exception as exc:  # out of shared memory etc.
+                        log(f"  sweep {fmt} T={T} H={H} {cfg}: {type(exc).__name__}")
+                        continue
+                    res.append((t, cfg))
             res.sort(key=lambda x: x[0])
             log(f"sweep {fmt} T={T} H={H}: best " + "; ".join(
                 f"{t * 1e6:.1f}us {100 * floor / t:.0f}% {c}" for t, c in res[:4]))
