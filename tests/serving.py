@@ -106,3 +106,22 @@ def http_server(model_path, *args: str, timeout: float = 240.0):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def failed_launch(model_path, *args: str, timeout: float = 240.0) -> str:
+    """Start the server expecting start-up to fail; returns its output.
+
+    A failed start-up makes SGLang kill its whole process tree, so it runs in a child process,
+    never inside the test process.
+    """
+    cmd = [
+        sys.executable, "-m", "sglang_glm.cpu_compat.launch_server",
+        "--model-path", str(model_path), "--port", str(free_port()),
+        "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
+        "--max-total-tokens", "8192", *args,
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, start_new_session=True
+    )
+    assert proc.returncode != 0, "server start-up was expected to fail"
+    return proc.stdout + proc.stderr

@@ -333,6 +333,13 @@ class GlmMoeDsaForCausalLM(nn.Module):
         hidden_states = self.model(input_ids, positions, forward_batch, input_embeds, plan)
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100, tp_size: int = 1):
+        """A parameter's first values (SGLang's weight-inspection API); None if the model has none."""
+        param = dict(self.named_parameters()).get(name)
+        if param is None:
+            return None
+        return param.data.flatten()[:truncate_size].float().cpu().tolist()
+
     # ---- weights ----------------------------------------------------------------------------
 
     stacked_params_mapping = [

@@ -1,0 +1,109 @@
+"""Loading GLM-DSA checkpoints into SGLang: IndexCache accounting, FP8, and bad checkpoints.
+
+Each test starts real SGLang (sglang.Engine on CPU) and reads what the scheduler logged.
+"""
+
+import json
+import re
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from sglang_glm.checkpoint import make_tiny_checkpoint, write_dequantized_twin
+from serving import engine, failed_launch, greedy, hf_greedy
+
+pytestmark = pytest.mark.slow
+
+PLAN = "FFSF"
+PROMPTS = [[(7 * i + 3) % 500 + 2 for i in range(40)], [(3 * i + 1) % 500 + 2 for i in range(25)]]
+
+
+def _indexer_tensors(path, layer):
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        names = [k for k in f.keys() if k.startswith(f"model.layers.{layer}.self_attn.indexer.")]
+        return len(names), sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in names)
+
+
+@pytest.fixture(scope="module")
+def ckpt_all_full(tmp_path_factory):
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("all_full"), config_overrides={"indexer_types": ["full"] * 4}, seed=4
+    )
+
+
+@pytest.fixture(scope="module")
+def ckpt_fp8_all_full(tmp_path_factory):
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("fp8"),
+        config_overrides={"indexer_types": ["full"] * 4},
+        fp8=True,
+        seed=5,
+    )
+
+
+def test_shared_layers_own_no_indexer_and_no_index_cache(ckpt_all_full, capfd):
+    count, nbytes = _indexer_tensors(ckpt_all_full, 2)
+    assert count == 5  # wq_b, wk, k_norm.{weight,bias}, weights_proj
+    with engine(
+        ckpt_all_full, log_level="info", json_model_override_args={"index_topk_pattern": PLAN}
+    ) as llm:
+        assert llm.get_weights_by_name("model.layers.2.self_attn.indexer.wq_b.weight") is None
+        assert llm.get_weights_by_name("model.layers.1.self_attn.indexer.wq_b.weight") is not None
+        assert llm.get_weights_by_name("model.layers.2.self_attn.q_a_proj.weight") is not None
+    log = capfd.readouterr()
+    log = log.out + log.err
+    assert f"IndexCache plan (override index_topk_pattern): {PLAN}" in log
+    assert (
+        f"IndexCache: skipped {count} indexer tensors ({nbytes} bytes, FP8 scales included) "
+        f"of 1 shared layers [2]" in log
+    )
+    assert "Index-K cache: 3 full layers" in log
+    assert "1 shared layers hold none" in log
+
+
+def test_fp8_checkpoint_accounting_and_dequantized_twin(ckpt_fp8_all_full, tmp_path):
+    count, nbytes = _indexer_tensors(ckpt_fp8_all_full, 2)
+    assert count == 7  # FP8 wq_b and wk carry weight_scale_inv
+    # SGLang's FP8 block-linear path needs bf16 activations and, on CPU, AMX; this machine has
+    # none, so serving stops after the plugin has loaded every tensor. Pin exactly that.
+    log = failed_launch(
+        ckpt_fp8_all_full, "--dtype", "bfloat16", "--log-level", "info",
+        "--json-model-override-args", json.dumps({"index_topk_pattern": PLAN}),
+    )
+    assert (
+        f"IndexCache: skipped {count} indexer tensors ({nbytes} bytes, FP8 scales included) "
+        f"of 1 shared layers [2]" in log
+    )
+    assert "Fp8LinearMethod on CPU requires that CPU has AMX support" in log
+
+    # The same checkpoint, dequantized, serves token-exact against transformers.
+    twin = write_dequantized_twin(ckpt_fp8_all_full, tmp_path / "twin")
+    shared = ["full" if c == "F" else "shared" for c in PLAN]
+    want = hf_greedy(twin, PROMPTS, 10, indexer_types=shared)
+    with engine(twin, json_model_override_args={"index_topk_pattern": PLAN}) as llm:
+        assert greedy(llm, PROMPTS, 10) == want
+
+
+def test_full_layer_missing_indexer_tensors_fails(tmp_path):
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", config_overrides={"index_topk_pattern": PLAN})
+    log = failed_launch(ckpt, "--json-model-override-args", '{"index_topk_pattern": "FFFF"}')
+    assert re.search(r"full layers \[2\] need indexer tensors the checkpoint lacks", log)
+    assert "model.layers.2.self_attn.indexer.wq_b.weight" in log
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("model.layers.1.self_attn.mystery.weight", "has no parameter in GlmMoeDsaForCausalLM"),
+        ("model.layers.9.mlp.gate.weight", "belongs to layer 9, but the config has num_hidden_layers = 4"),
+    ],
+)
+def test_unknown_tensors_fail(tmp_path, extra, message):
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", mtp=False)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors[extra] = torch.zeros(4)
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    log = failed_launch(ckpt)
+    assert extra in log and message in log
