@@ -1,0 +1,91 @@
+"""The IndexCache layer plan: transformers 5.19 agreement, override precedence, clear errors."""
+
+import json
+
+import pytest
+from transformers import GlmMoeDsaConfig
+
+from sglang_glm.layer_plan import LayerPlan, LayerPlanError, resolve_layer_plan
+
+GLM52_FULL = [0, 1, 2] + list(range(6, 78, 4))  # facts note: 21 full layers of 78
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"index_topk_freq": 4},
+        {"index_topk_freq": 4, "index_skip_topk_offset": 3},
+        {"index_topk_freq": 3, "index_skip_topk_offset": 1},
+        {"index_topk_freq": 2, "index_skip_topk_offset": 5},
+        {"index_topk_pattern": "FFSFSSFS"},
+        {"indexer_types": ["full", "shared", "full", "full", "shared", "shared", "shared", "full"]},
+    ],
+)
+def test_agrees_with_transformers(fields):
+    config = GlmMoeDsaConfig(num_hidden_layers=8, **fields)
+    assert list(resolve_layer_plan(config).kinds) == config.indexer_types
+    # The raw config.json dict of a checkpoint resolves the same way.
+    assert resolve_layer_plan({"num_hidden_layers": 8, **fields}).kinds == tuple(config.indexer_types)
+
+
+def test_glm52_config():
+    fields = {
+        "num_hidden_layers": 78,
+        "index_topk_freq": 4,
+        "index_skip_topk_offset": 3,
+        "index_topk_pattern": None,
+        "indexer_types": ["full" if i in GLM52_FULL else "shared" for i in range(78)],
+    }
+    plan = resolve_layer_plan(fields)
+    assert plan.full_layers == tuple(GLM52_FULL)
+    assert plan.source_layer(5) == 2 and plan.source_layer(6) == 6 and plan.source_layer(77) == 74
+    assert "21 full, 57 shared of 78 layers" in plan.describe()
+
+
+def test_override_replaces_checkpoint_plan_whatever_its_field():
+    ckpt = {"num_hidden_layers": 4, "indexer_types": ["full", "full", "shared", "full"]}
+    # SGLang has already merged the override into the config when the model reads it.
+    merged = {**ckpt, "index_topk_pattern": "FSSS"}
+    plan = resolve_layer_plan(merged, json.dumps({"index_topk_pattern": "FSSS"}))
+    assert plan.pattern == "FSSS" and plan.source == "override index_topk_pattern"
+    plan = resolve_layer_plan(ckpt, {"indexer_types": ["full"] * 4})
+    assert plan.pattern == "FFFF"
+    plan = resolve_layer_plan(ckpt, {"index_topk_freq": 2})
+    assert plan.pattern == "FFSF"
+    # An override naming no plan field leaves the checkpoint's plan in force.
+    assert resolve_layer_plan(ckpt, {"index_topk": 64}).pattern == "FFSF"
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"index_topk_pattern": "SFFF"}, "layer 0 is 'shared'"),
+        ({"indexer_types": ["shared", "full", "full", "full"]}, "layer 0 is 'shared'"),
+        ({"index_topk_pattern": "FFF"}, "has 3 entries but the model has num_hidden_layers = 4"),
+        ({"index_topk_pattern": "FFxF"}, "contains 'x'; use only 'F'"),
+        ({"indexer_types": ["full", "dense", "full", "full"]}, "layer 1 is 'dense'"),
+        ({"index_topk_freq": 0}, "index_topk_freq = 0; it must be an integer >= 1"),
+        (
+            {"index_topk_pattern": "FFSF", "indexer_types": ["full"] * 4},
+            "indexer_types (FFFF) and override index_topk_pattern (FFSF) disagree",
+        ),
+    ],
+)
+def test_bad_plans_name_field_value_and_fix(fields, message):
+    with pytest.raises(LayerPlanError) as err:
+        resolve_layer_plan({"num_hidden_layers": 4}, fields)
+    assert message in str(err.value)
+
+
+def test_checkpoint_fields_that_disagree():
+    config = {"num_hidden_layers": 4, "index_topk_pattern": "FFSF", "index_topk_freq": 1}
+    with pytest.raises(LayerPlanError, match="checkpoint index_topk_pattern .* disagree"):
+        resolve_layer_plan(config)
+
+
+def test_plan_object():
+    plan = LayerPlan.from_pattern("FSSFS")
+    assert plan.full_layers == (0, 3)
+    assert [plan.source_layer(i) for i in range(5)] == [0, 0, 0, 3, 3]
+    assert LayerPlan.all_full(3).pattern == "FFF"
