@@ -349,7 +349,10 @@ def write_outputs(out_dir, meta):
             f"checks: {sum(c['ok'] for c in CHECKS)}/{len(CHECKS)} passed"]
     checks = [f"- [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in CHECKS]
     (out_dir / "results.md").write_text("\n".join(head + [""] + checks + MARKDOWN) + "\n")
-    plot(out_dir / "results.json", out_dir / "roofline.png")
+    try:
+        plot(out_dir / "results.json", out_dir / "roofline.png")
+    except Exception:  # a plot must never cost the numbers
+        traceback.print_exc()
 
 
 def plot(json_path, png_path):
@@ -365,6 +368,8 @@ def plot(json_path, png_path):
     rows = [r for r in data["rows"] if "roofline_pct" in r and not r["impl"].startswith("  ")]
     labels = list(dict.fromkeys(f"{r['tag']} | {r['shape']}" for r in rows))
     impls = list(dict.fromkeys(r["impl"] for r in rows))
+    if not rows:
+        return
     width = 0.8 / len(impls)
     fig, ax = plt.subplots(figsize=(13, 6))
     for i, impl in enumerate(impls):
