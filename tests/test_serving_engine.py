@@ -75,3 +75,12 @@ def test_plan_override_and_controls(ckpt_all_full):
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want_full
     with engine(ckpt_all_full, json_model_override_args={"index_topk": 4096}) as llm:
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want_dense
+
+
+def test_tensor_parallel_2_matches_tp1(ckpt_shared, monkeypatch):
+    """TP=2 on CPU: heads, MoE and the o_proj all-reduce split over two ranks, same tokens."""
+    # SGLang binds each CPU rank to cores; this machine has one NUMA node, so name them.
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
+    want = hf_greedy(ckpt_shared, PROMPTS, NEW_TOKENS)
+    with engine(ckpt_shared, tp_size=2) as llm:
+        assert greedy(llm, PROMPTS, NEW_TOKENS) == want
