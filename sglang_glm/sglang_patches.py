@@ -53,6 +53,90 @@ def _cpu_backends_with_dsa_default(original, server_args, *args, **kwargs):
     return result
 
 
+def _ours(factory) -> bool:
+    """Whether EAGLE's draft backends for this draft runner should be the plugin's DSA backend."""
+    from sglang.srt.runtime_context import attention_backends
+
+    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+
+    prefill, decode = attention_backends()
+    return (factory.draft_attn_backend or decode) == BACKEND_NAME or (
+        factory.draft_attn_backend is None and prefill == BACKEND_NAME
+    )
+
+
+def _draft_decode_backend(original, factory, *args, **kwargs):
+    # SGLang maps backend names to EAGLE multi-step draft backends in a hard-coded dict.
+    if not _ours(factory):
+        return original(factory, *args, **kwargs)
+    if factory.speculative_num_steps <= 1:
+        return None
+    from sglang_glm.attention.torch_dsa_backend import TorchDSAMultiStepDraftBackend
+
+    return TorchDSAMultiStepDraftBackend(
+        factory.draft_model_runner, factory.topk, factory.speculative_num_steps
+    )
+
+
+def _draft_extend_backend(original, factory, *args, **kwargs):
+    # Same hard-coded dict for the draft-extend backend.
+    if not _ours(factory):
+        return original(factory, *args, **kwargs)
+    from sglang_glm.attention.torch_dsa_backend import TorchDSABackend
+
+    return TorchDSABackend(factory.draft_model_runner)
+
+
+def _spec_server_args():
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        args = get_server_args()
+    except Exception:  # no server args in this process
+        return None
+    return args if getattr(args, "speculative_algorithm", None) else None
+
+
+def _refuse_sampled_verify_on_cpu(result, params, *args, **kwargs):
+    # SGLang's CPU EAGLE verify is greedy whatever the temperature: refuse instead of lying.
+    if _spec_server_args() is None:
+        return result
+    greedy = params.temperature == 0 or params.top_k == 1
+    if not greedy:
+        raise ValueError(
+            "Speculative decoding (EAGLE/NEXTN MTP) on CPU verifies drafts greedily only: a request "
+            f"with temperature={params.temperature} would silently get greedy tokens. Send "
+            "temperature 0 (or top_k 1), or serve without --speculative-algorithm on CPU."
+        )
+    return result
+
+
+def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
+    # Combinations the plugin's CPU MTP path cannot serve fail here, at start-up, by name.
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+
+    result = original(server_args, *args, **kwargs)
+    if is_glm_dsa(model_config_of(server_args).hf_config):
+        from sglang_glm.mtp.validate import check_spec_args
+
+        check_spec_args(resolving_view(server_args))
+    return result
+
+
+def _no_pynccl_on_cpu(*args, **kwargs):
+    # SGLang's in-tree CPU platform still builds a NCCL communicator for TP > 1 and fails on the
+    # CPU device; CPU ranks all-reduce through the gloo group SGLang creates anyway.
+    kwargs["use_pynccl"] = False
+    return args, kwargs
+
+
+def _last_loc_in_torch(original, req_to_token, req_pool_indices, prefix_lens):
+    # SGLang picks its Triton kernel for every backend but torch_native/ascend; Triton cannot run on CPU.
+    from sglang.srt.mem_cache.allocation import get_last_loc_torch
+
+    return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
@@ -69,7 +153,35 @@ def apply() -> None:
         HookType.AROUND,
     )
     HookRegistry.register(
+        "sglang.srt.distributed.parallel_state.init_model_parallel_group",
+        _no_pynccl_on_cpu,
+        HookType.BEFORE,
+    )
+    HookRegistry.register(
         "sglang.srt.arg_groups.platform_hook.handle_cpu_backends",
         _cpu_backends_with_dsa_default,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
+        _draft_decode_backend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+        _draft_extend_backend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.sampling.sampling_params.SamplingParams.verify",
+        _refuse_sampled_verify_on_cpu,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
+        _validate_glm_dsa_spec,
         HookType.AROUND,
     )

@@ -42,6 +42,24 @@ class DSAForwardMetadata:
     key_limits: torch.Tensor
     # Target-verify with a draft tree: [num_tokens, draft_tokens] bool, True = visible draft.
     tree_mask: Optional[torch.Tensor] = None
+    # KV-pool rows of each request's keys (index = key position). None: the request's
+    # req_to_token row. EAGLE's tree draft steps give each (request, branch) its own row: the
+    # request's prefix followed by that branch's draft slots.
+    key_locs: Optional[list[torch.Tensor]] = None
+
+    def keys_of(self, req_to_token: torch.Tensor, group: int) -> torch.Tensor:
+        if self.key_locs is not None:
+            return self.key_locs[group]
+        return req_to_token[self.req_pool_indices[group], : self.seq_lens[group]]
+
+    def visible(self, group: int, s: int, e: int, key_pos: torch.Tensor) -> torch.Tensor:
+        """[e - s, keys] bool: which keys query tokens s..e-1 of `group` may attend to."""
+        visible = key_pos[None, :] <= self.key_limits[s:e, None]
+        if self.tree_mask is not None:
+            # Verify tokens: the whole prefix, then only their tree ancestors and themselves.
+            prefix = self.seq_lens[group] - self.query_counts[group]
+            visible[:, prefix:] = self.tree_mask[s:e]
+        return visible
 
 
 class TorchDSABackend(AttentionBackend):
@@ -76,6 +94,7 @@ class TorchDSABackend(AttentionBackend):
             query_starts=starts,
             query_counts=counts,
             key_limits=forward_batch.positions.to(torch.int64),
+            tree_mask=_verify_tree_mask(forward_batch, counts) if mode.is_target_verify() else None,
         )
 
     # ---- indexer --------------------------------------------------------------------------
@@ -95,17 +114,17 @@ class TorchDSABackend(AttentionBackend):
         meta = self.forward_metadata
         index_k = self.token_to_kv_pool.index_k(layer_id)
         out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
-        for rpi, seq_len, start, count in zip(
-            meta.req_pool_indices, meta.seq_lens, meta.query_starts, meta.query_counts
+        for group, (seq_len, start, count) in enumerate(
+            zip(meta.seq_lens, meta.query_starts, meta.query_counts)
         ):
-            keys = index_k[self.req_to_token[rpi, :seq_len]].float()  # [L, D]
+            keys = index_k[meta.keys_of(self.req_to_token, group)].float()  # [L, D]
             key_pos = torch.arange(seq_len, device=q.device)
             step = max(1, _MAX_BLOCK_ELEMS // max(1, seq_len * q.shape[1]))
             for s in range(start, start + count, step):
                 e = min(s + step, start + count)
                 scores = torch.relu(torch.matmul(q[s:e].float(), keys.T) * sm_scale)  # [n,H,L]
                 logits = torch.matmul(weights[s:e].float().unsqueeze(-2), scores).squeeze(-2)
-                visible = key_pos[None, :] <= meta.key_limits[s:e, None]
+                visible = meta.visible(group, s, e, key_pos)
                 logits = logits.masked_fill(~visible, float("-inf"))
                 k = min(topk, seq_len)
                 # Stable descending sort: among equal scores the lower position comes first.
@@ -145,10 +164,8 @@ class TorchDSABackend(AttentionBackend):
         out = q.new_empty((q.shape[0], num_heads, v_dim))
         kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id).squeeze(1)  # [P, dim]
         meta = self.forward_metadata
-        for rpi, seq_len, start, count in zip(
-            meta.req_pool_indices, meta.seq_lens, meta.query_starts, meta.query_counts
-        ):
-            req_kv = kv[self.req_to_token[rpi, :seq_len]]  # [L, dim]
+        for group, (start, count) in enumerate(zip(meta.query_starts, meta.query_counts)):
+            req_kv = kv[meta.keys_of(self.req_to_token, group)]  # [L, dim]
             step = max(1, _MAX_BLOCK_ELEMS // (topk_indices.shape[1] * dim))
             for s in range(start, start + count, step):
                 e = min(s + step, start + count)
@@ -160,6 +177,69 @@ class TorchDSABackend(AttentionBackend):
                 probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
                 out[s:e] = torch.einsum("nhk,nkd->nhd", probs, rows[..., :v_dim])
         return out.view(-1, num_heads * v_dim)
+
+
+def _verify_tree_mask(forward_batch: "ForwardBatch", counts: list[int]) -> Optional[torch.Tensor]:
+    """[num_tokens, draft_tokens] bool from EAGLE's verify mask, None for a chain (topk 1).
+
+    On CPU SGLang builds the QLEN_ONLY layout: per request a [draft, draft] block, row = query
+    slot, column = key slot, True where the key slot is the root, an ancestor or the query itself.
+    """
+    spec = forward_batch.spec_info
+    mask = getattr(spec, "custom_mask", None)
+    if getattr(spec, "topk", 1) == 1 or mask is None or mask.numel() == 0:
+        return None  # a chain: causal order over the draft slots is exactly the tree
+    n = spec.draft_token_num
+    bs = len(counts)
+    if mask.numel() != bs * n * n:
+        raise NotImplementedError(
+            f"{BACKEND_NAME} reads EAGLE's QLEN_ONLY tree mask ({bs}x{n}x{n} entries); got "
+            f"{mask.numel()} entries (a FULL_MASK layout?)"
+        )
+    return mask.view(bs * n, n).to(torch.bool)
+
+
+class TorchDSAMultiStepDraftBackend:
+    """EAGLE's multi-step draft decode: one backend per draft step (steps 1 .. num_steps - 1).
+
+    Draft step i (0-based within this loop) of request b, branch j sits at position
+    seq_len_b + i and sees the request's prefix plus its branch's draft slots 0..i, which SGLang
+    allocated at req_to_token[b, seq_len_b + j * num_steps + (0..i)]. For a chain (topk 1) that is
+    simply the request's req_to_token row; tree branches get their own key rows.
+    """
+
+    def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
+        self.topk = topk
+        self.speculative_num_steps = speculative_num_steps
+        self.attn_backends = [
+            TorchDSABackend(model_runner) for _ in range(max(speculative_num_steps - 1, 0))
+        ]
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch"):
+        topk, num_steps = self.topk, self.speculative_num_steps
+        rpis = forward_batch.req_pool_indices.tolist()
+        prefix_lens = forward_batch.seq_lens.tolist()
+        rows = len(rpis) * topk
+        for i, backend in enumerate(self.attn_backends):
+            key_locs = []
+            for rpi, prefix in zip(rpis, prefix_lens):
+                row = self.req_to_token[rpi]
+                for j in range(topk):
+                    if topk == 1:
+                        key_locs.append(row[: prefix + i + 1])
+                    else:
+                        first = prefix + j * num_steps
+                        key_locs.append(torch.cat([row[:prefix], row[first : first + i + 1]]))
+            limits = [p + i for p in prefix_lens for _ in range(topk)]
+            backend.forward_metadata = DSAForwardMetadata(
+                req_pool_indices=[r for r in rpis for _ in range(topk)],
+                seq_lens=[len(k) for k in key_locs],
+                query_starts=list(range(rows)),
+                query_counts=[1] * rows,
+                key_limits=torch.tensor(limits, dtype=torch.int64),
+                key_locs=key_locs,
+            )
 
 
 def create_torch_dsa_backend(model_runner: "ModelRunner") -> TorchDSABackend:

@@ -29,3 +29,19 @@ class GlmDsaCpuPlatform(CpuSRTPlatform):
         from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
 
         return BACKEND_NAME
+
+    # ---- speculative decoding (EAGLE / NEXTN with GLM-DSA's MTP layer) ---------------------
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        # The plugin's DSA backend provides EAGLE's draft / draft-extend / verify passes on CPU.
+        return algorithm.upper() in ("EAGLE", "NEXTN")
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+
+        return self.supports_speculative_algorithm(algorithm) and backend == BACKEND_NAME
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+
+        return BACKEND_NAME

@@ -320,6 +320,10 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def topk_buffer(self) -> TopkBuffer:
         return self.model.topk_buffer
 
+    def get_embed_and_head(self):
+        """What an EAGLE/NEXTN draft (the MTP layer) shares with the target."""
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
     @torch.no_grad()
     def forward(
         self,

@@ -1,0 +1,244 @@
+"""GLM-DSA MTP (NextN) draft model for SGLang's EAGLE / NEXTN speculative decoding.
+
+SGLang loads the draft from the target's checkpoint and renames its architecture to
+`GlmMoeDsaForCausalLMNextN`; this class serves that name. It is built from the target's own layer
+classes (glm_dsa.py): x = eh_proj(cat(enorm(embed(token)), hnorm(carry))), then ONE decoder layer
+whose indexer always exists (the MTP layer is always "full", whatever the target's IndexCache plan
+says), then shared_head.norm; logits come from the normed hidden through the target's lm head
+(shared, as is the embedding, through `set_embed_and_head`).
+
+Two policies (sglang_glm.mtp):
+- recycling: the hidden handed to the next draft step is the post-`shared_head.norm` one
+  ("post_norm", GLM's default) or the pre-norm residual ("pre_norm"), per `mtp_recycle_hidden`;
+- index share (`index_share_for_mtp_iteration`): the MTP indexer runs only in the draft-extend pass
+  (draft step 0, over the tokens the target verified); draft steps 1+ run no indexer and reuse each
+  request's top-k row at its last accepted token.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+from typing import Iterable, Optional
+
+import torch
+from torch import nn
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+from sglang.srt.layers.quantization.base_config import QuantizationConfig
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.utils import add_prefix
+
+from sglang_glm.models.glm_dsa import (
+    GlmDsaDecoderLayer,
+    GlmMoeDsaForCausalLM,
+    _apply_glm_defaults,
+    _dequantized_weight,
+    _server_override_args,
+)
+from sglang_glm.mtp import trace
+from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
+from sglang_glm.mtp.recycle import POST_NORM, resolve_recycle_policy
+from sglang_glm.topk_buffer import TopkBuffer
+
+logger = logging.getLogger(__name__)
+
+# The draft layer's id inside the draft model (its own one-layer KV pool), as SGLang's NextN does.
+DRAFT_LAYER_ID = 0
+_MTP_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
+# Tensors of the MTP layer that live outside its decoder layer.
+_MTP_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")
+# Copies of the target's embedding / lm head inside the MTP layer: the draft shares the target's.
+_MTP_COPIES = ("embed_tokens.", "shared_head.head.")
+
+
+def _mtp_layer_config(config):
+    """Config for the draft's decoder layer: layer 0 of a one-layer model, MoE like GLM's MTP."""
+    cfg = copy.copy(config)
+    cfg.mlp_layer_types = ["sparse" if getattr(config, "n_routed_experts", 0) else "dense"]
+    cfg.first_k_dense_replace = 0 if cfg.mlp_layer_types[0] == "sparse" else 1
+    return cfg
+
+
+class GlmDsaModelNextN(nn.Module):
+    def __init__(self, config, quant_config: Optional[QuantizationConfig], prefix: str = ""):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, prefix=add_prefix("embed_tokens", prefix)
+        )
+        self.enorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hnorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # GLM keeps eh_proj unquantized (modules_to_not_convert).
+        self.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        # The MTP layer always owns an indexer (always full), even when the target's plan
+        # marks its last layers shared.
+        self.decoder = GlmDsaDecoderLayer(
+            _mtp_layer_config(config), DRAFT_LAYER_ID, True, quant_config,
+            add_prefix("decoder", prefix),
+        )
+        self.shared_head = nn.Module()
+        self.shared_head.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.topk_buffer = TopkBuffer(config.index_topk)
+
+    def forward(self, input_ids, positions, forward_batch, topk_rows: Optional[torch.Tensor]):
+        """Returns (pre-norm hidden x, post-norm hidden shared_head.norm(x)).
+
+        topk_rows: None runs the MTP indexer; else the shared top-k rows of this batch's queries.
+        """
+        embeds = self.embed_tokens(input_ids)
+        carry = forward_batch.spec_info.hidden_states
+        x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(carry.to(embeds.dtype))], dim=-1))
+        self.topk_buffer.begin_forward(x.shape[0])
+        run_indexer = topk_rows is None
+        if not run_indexer:
+            self.topk_buffer.write(DRAFT_LAYER_ID, topk_rows)
+        h, residual = self.decoder(
+            positions, x, None, forward_batch, self.topk_buffer, run_indexer
+        )
+        post, pre = self.shared_head.norm(h, residual)
+        return pre, post
+
+
+class GlmMoeDsaForCausalLMNextN(nn.Module):
+    def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = ""):
+        super().__init__()
+        _apply_glm_defaults(config)
+        self.config = config
+        self.quant_config = quant_config
+        override = json.loads(_server_override_args() or "{}")
+        self.recycle = resolve_recycle_policy(config, override)
+        self.index_share = bool(getattr(config, "index_share_for_mtp_iteration", False))
+        self.model = GlmDsaModelNextN(config, quant_config, add_prefix("model", prefix))
+        self.lm_head = ParallelLMHead(
+            config.vocab_size, config.hidden_size, prefix=add_prefix("model.shared_head.head", prefix)
+        )
+        self.logits_processor = LogitsProcessor(config)
+        self._shared: Optional[SharedTopkTable] = None
+        logger.info(
+            "GLM-DSA MTP draft: carry=%s, index_share_for_mtp_iteration=%s (MTP indexer %s)",
+            self.recycle, self.index_share,
+            "runs once per round, draft steps 1+ reuse the last accepted token's top-k"
+            if self.index_share else "runs in every draft step",
+        )
+
+    # ---- embedding / head shared with the target ----------------------------------------------
+
+    def get_embed_and_head(self):
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def set_embed_and_head(self, embed, head):
+        # SGLang's DeepSeek version also calls torch.cuda.synchronize(); nothing to sync on CPU.
+        del self.model.embed_tokens.weight
+        del self.lm_head.weight
+        self.model.embed_tokens.weight = embed
+        self.lm_head.weight = head
+
+    # ---- forward --------------------------------------------------------------------------------
+
+    def _table(self, forward_batch: ForwardBatch) -> SharedTopkTable:
+        if self._shared is None:
+            num_slots = int(forward_batch.req_pool_indices.max()) + 1
+            self._shared = SharedTopkTable(num_slots, self.config.index_topk, device=forward_batch.input_ids.device)
+        return self._shared
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, **unused):
+        mode = forward_batch.forward_mode
+        is_draft_step = mode.is_decode()  # EAGLE's multi-step draft forwards (draft steps 1+)
+        topk_rows = None
+        if is_draft_step and self.index_share:
+            per_request = input_ids.shape[0] // forward_batch.batch_size
+            topk_rows = self._table(forward_batch).rows_for_draft(
+                forward_batch.req_pool_indices, per_request
+            )
+        pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
+        if not is_draft_step and self.index_share and not mode.is_idle():
+            self._store_last_accepted(forward_batch)
+        aux = None if self.recycle == POST_NORM else [pre]
+        out = self.logits_processor(input_ids, post, self.lm_head, forward_batch, aux_hidden_states=aux)
+        if trace.enabled():
+            self._trace(forward_batch, out, ran_indexer=topk_rows is None, is_draft_step=is_draft_step)
+        return out
+
+    def _store_last_accepted(self, forward_batch: ForwardBatch) -> None:
+        """Compact this draft-extend's top-k rows to each request's last accepted token."""
+        rows = self.model.topk_buffer.read(DRAFT_LAYER_ID)
+        counts = torch.as_tensor(forward_batch.extend_seq_lens_cpu, dtype=torch.int64)
+        cu = torch.zeros(len(counts) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(counts, 0)
+        accept = getattr(forward_batch.spec_info, "num_accept_tokens", None)
+        if accept is None or not forward_batch.forward_mode.is_draft_extend_v2():
+            accept = counts  # after prefill: the request's last prompt token
+        shared = compact_last_accepted(rows, cu.to(rows.device), accept.to(rows.device))
+        self._table(forward_batch).store(forward_batch.req_pool_indices, shared)
+
+    def _trace(self, forward_batch, out, ran_indexer: bool, is_draft_step: bool) -> None:
+        spec = forward_batch.spec_info
+        accept = getattr(spec, "num_accept_tokens", None)
+        trace.record(
+            kind="step" if is_draft_step else "extend",
+            mode=str(forward_batch.forward_mode),
+            ran_indexer=ran_indexer,
+            index_share=self.index_share,
+            recycle=self.recycle,
+            req_pool_indices=forward_batch.req_pool_indices,
+            seq_lens=forward_batch.seq_lens,
+            positions=forward_batch.positions,
+            extend_seq_lens=None if is_draft_step else list(forward_batch.extend_seq_lens_cpu or []),
+            num_accept_tokens=accept,
+            logits=out.next_token_logits,
+            topk_rows=self.model.topk_buffer.read(DRAFT_LAYER_ID),
+        )
+
+    # ---- weights --------------------------------------------------------------------------------
+
+    stacked_params_mapping = GlmMoeDsaForCausalLM.stacked_params_mapping
+    _load_one = GlmMoeDsaForCausalLM._load_one
+
+    def _draft_name(self, name: str) -> Optional[str]:
+        """Checkpoint name -> draft parameter name, None for tensors the draft does not load."""
+        match = _MTP_LAYER.match(name)
+        if match is None or int(match.group(1)) != self.config.num_hidden_layers:
+            return None  # target tensors
+        rest = match.group(2)
+        if rest.startswith(_MTP_COPIES) or "rotary_emb.inv_freq" in rest:
+            return None
+        if rest.startswith(_MTP_OWN):
+            return f"model.{rest}"
+        return f"model.decoder.{rest}"
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        params = dict(self.named_parameters())
+        expert_mapping = FusedMoE.make_expert_params_mapping(
+            ckpt_gate_proj_name="gate_proj",
+            ckpt_down_proj_name="down_proj",
+            ckpt_up_proj_name="up_proj",
+            num_experts=self.config.n_routed_experts,
+        )
+        loaded = set()
+        for name, tensor in weights:
+            draft_name = self._draft_name(name)
+            if draft_name is None:
+                continue
+            loaded.add(self._load_one(params, expert_mapping, draft_name, tensor))
+        need = {
+            n for n in params
+            if not n.startswith(("model.embed_tokens.", "lm_head."))
+        }
+        missing = sorted(n for n in need if n not in loaded and not n.startswith("model.decoder.mlp.experts."))
+        if missing:
+            raise ValueError(
+                f"the checkpoint has no MTP layer tensors for {missing[:8]} (expected under "
+                f"model.layers.{self.config.num_hidden_layers}.*); speculative decoding with "
+                "EAGLE/NEXTN needs a checkpoint with its MTP layer (num_nextn_predict_layers: 1)"
+            )
+        attn = self.model.decoder.self_attn
+        attn.absorb_kv_b_proj(_dequantized_weight(attn.kv_b_proj))
+
+
+EntryClass = [GlmMoeDsaForCausalLMNextN]

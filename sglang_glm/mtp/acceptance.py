@@ -1,0 +1,64 @@
+"""Acceptance statistics for speculative decoding: mean acceptance length and per-position rates.
+
+SGLang reports, per request, `spec_verify_ct` (verify rounds), `spec_accept_length` (completion
+tokens / verify rounds) and `spec_correct_drafts_histogram` (hist[j] = rounds in which exactly j
+draft tokens were accepted). Per-position acceptance follows from the histogram: draft position k
+(1-based) is accepted in a round iff at least k drafts were, so
+    rate_k = sum_{j >= k} hist[j] / rounds,
+and the mean acceptance length (accepted drafts + the bonus token) is 1 + sum_k rate_k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class AcceptanceStats:
+    rounds: int = 0
+    histogram: list[int] = field(default_factory=list)  # histogram[j]: rounds with j correct drafts
+
+    def add_histogram(self, hist) -> None:
+        hist = [int(x) for x in hist or []]
+        if len(hist) > len(self.histogram):
+            self.histogram += [0] * (len(hist) - len(self.histogram))
+        for j, n in enumerate(hist):
+            self.histogram[j] += n
+        self.rounds += sum(hist)
+
+    def add_meta_info(self, meta_info: dict) -> None:
+        hist = meta_info.get("spec_correct_drafts_histogram")
+        if hist is None:
+            raise KeyError(
+                "meta_info has no spec_correct_drafts_histogram: was the engine started with "
+                "--speculative-algorithm?"
+            )
+        self.add_histogram(hist)
+
+    def per_position(self, num_positions: int | None = None) -> list[float]:
+        n = num_positions if num_positions is not None else max(len(self.histogram) - 1, 0)
+        if not self.rounds:
+            return [0.0] * n
+        rates = []
+        for k in range(1, n + 1):
+            rates.append(sum(self.histogram[k:]) / self.rounds)
+        return rates
+
+    @property
+    def mean_accept_length(self) -> float:
+        if not self.rounds:
+            return 0.0
+        return sum(j * n for j, n in enumerate(self.histogram)) / self.rounds + 1.0
+
+    def as_dict(self, num_positions: int | None = None) -> dict:
+        return {
+            "rounds": self.rounds,
+            "mean_accept_length": self.mean_accept_length,
+            "per_position_acceptance": self.per_position(num_positions),
+            "correct_drafts_histogram": list(self.histogram),
+        }
+
+
+def format_acceptance(stats: AcceptanceStats, num_positions: int | None = None) -> str:
+    rates = " ".join(f"p{k + 1}={r:.2f}" for k, r in enumerate(stats.per_position(num_positions)))
+    return f"accept_len={stats.mean_accept_length:.3f} over {stats.rounds} rounds; per position: {rates}"
