@@ -42,17 +42,20 @@ class SparseMLAConfig:
 
 
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem; tuned on an H200 (benchmarks/kernels/RESULTS.md)."""
-    block_h = 64 if num_heads >= 64 else 16
-    head_blocks = triton.cdiv(num_heads, block_h)
-    base = num_tokens * head_blocks
-    block_n = 32
-    # Fill the chip about twice over, but each split keeps >= 4 steps of BLOCK_N rows.
-    splits = max(1, min(triton.cdiv(2 * num_sms, base), topk // (4 * block_n)))
+    """Launch shape for a problem, from the H200 sweep in benchmarks/kernels/RESULTS.md."""
+    if num_heads > 16:
+        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, 1 program per SM),
+        # split top-k only while the grid is under about two waves: partials cost 256 KB/token
+        if kv_fp8:
+            return SparseMLAConfig(64, 64, 2 if num_tokens <= num_sms else 1, num_warps=8, num_stages=2)
+        block_n = 32 if 2 * num_tokens <= num_sms else 64
+        return SparseMLAConfig(64, block_n, 2 if num_tokens <= 2 * num_sms else 1, num_warps=8, num_stages=2)
+    # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 4 (FP8) programs per SM
+    block_n = 32 if kv_fp8 else 64
+    programs = (4 if kv_fp8 else 2) * num_sms
+    splits = max(1, min(programs // num_tokens, topk // (4 * block_n)))
     splits = 1 << (splits.bit_length() - 1)
-    if block_h == 64:
-        return SparseMLAConfig(block_h, block_n, splits, num_warps=8, num_stages=2)
-    return SparseMLAConfig(block_h, block_n, splits, num_warps=4, num_stages=3)
+    return SparseMLAConfig(16, block_n, splits, num_warps=4, num_stages=4)
 
 
 @triton.jit

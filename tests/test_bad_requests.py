@@ -1,0 +1,311 @@
+"""Bad requests get a clear 4xx and the server keeps serving; bad launch overrides fail at start-up.
+
+One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint) serves the request
+tests. After every bad request the same greedy request must still return the tokens it returned
+before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server); those
+tests are strict xfails that name the place in SGLang, and the server is restarted for the next
+test. When the plugin validates those requests (sglang_patches), the xfails flip to failures
+("XPASS(strict)") so they get un-marked.
+
+Launch tests start the server with a malformed layer-plan / MTP override and expect a non-zero
+exit whose output names the field. They run in parallel threads to keep CI time down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from sglang_glm.checkpoint import make_tiny_checkpoint
+from serving import failed_launch, http_server
+
+pytestmark = pytest.mark.slow
+
+# MTP speculative decoding is being built (issue 3): flip to True when it lands.
+MTP_ON = False
+MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
+
+CONTEXT = 2048  # the tiny checkpoint's max_position_embeddings
+VOCAB = 512
+PROBE = [(7 * i + 3) % 500 + 2 for i in range(20)]
+GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("bad"), config_overrides={"index_topk": 16}, seed=4
+    )
+
+
+class Server:
+    """A module-wide server that is started again if a bad request killed it."""
+
+    def __init__(self, ckpt):
+        self.ckpt = ckpt
+        self.stack = contextlib.ExitStack()
+        self.url = None
+        self.expected = None
+
+    def alive(self) -> bool:
+        try:
+            return requests.get(f"{self.url}/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def ensure(self) -> str:
+        if self.url is None or not self.alive():
+            self.stack.close()
+            self.stack = contextlib.ExitStack()
+            self.url = self.stack.enter_context(
+                http_server(self.ckpt, "--max-running-requests", "4")
+            )
+        return self.url
+
+    def probe(self) -> list[int]:
+        r = requests.post(f"{self.url}/generate",
+                          json={"input_ids": PROBE, "sampling_params": GREEDY}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["output_ids"]
+
+    def assert_still_serving(self):
+        assert self.alive(), "server died after the bad request"
+        assert self.probe() == self.expected
+
+
+@pytest.fixture(scope="module")
+def server_obj(ckpt):
+    s = Server(ckpt)
+    s.ensure()
+    s.expected = s.probe()
+    assert len(s.expected) == GREEDY["max_new_tokens"]
+    yield s
+    s.stack.close()
+
+
+@pytest.fixture
+def server(server_obj):
+    server_obj.ensure()
+    return server_obj
+
+
+def send(url, path, body=None, *, data=None):
+    """POST; returns (status, message text). A hang or a dropped connection is a failure."""
+    try:
+        if data is not None:
+            r = requests.post(f"{url}{path}", data=data, timeout=60,
+                              headers={"Content-Type": "application/json"})
+        else:
+            r = requests.post(f"{url}{path}", json=body, timeout=60)
+    except requests.RequestException as e:
+        pytest.fail(f"{path}: no HTTP answer ({type(e).__name__}: {e})")
+    return r.status_code, r.text
+
+
+def assert_4xx(status, text, *words):
+    assert 400 <= status < 500, f"expected 4xx, got {status}: {text[:300]}"
+    for w in words:
+        assert w.lower() in text.lower(), f"{w!r} not in error: {text[:300]}"
+
+
+# ---------------------------------------------------------------- prompts longer than the context
+
+LONG = [5] * (CONTEXT + 100)
+
+
+@pytest.mark.parametrize(
+    "path,body,words",
+    [
+        ("/generate", {"input_ids": LONG, "sampling_params": GREEDY}, ["context length"]),
+        ("/generate", {"text": "hello world " * 2000, "sampling_params": GREEDY}, ["context length"]),
+        # prompt fits, prompt + max_new_tokens does not
+        ("/generate", {"input_ids": PROBE, "sampling_params": {"max_new_tokens": CONTEXT}},
+         ["context length"]),
+        ("/v1/completions", {"model": "default", "prompt": LONG, "max_tokens": 4}, ["context length"]),
+        ("/v1/completions", {"model": "default", "prompt": "x " * 3000, "max_tokens": 4},
+         ["context length"]),
+    ],
+    ids=["ids", "text", "ids+max_new", "v1-ids", "v1-text"],
+)
+def test_prompt_longer_than_context(server, path, body, words):
+    assert_4xx(*send(server.url, path, body), *words)
+    server.assert_still_serving()
+
+
+# ---------------------------------------------------------------- invalid sampling parameters
+
+BAD_SAMPLING = {
+    "temperature": ({"temperature": -1}, "temperature"),
+    "temperature_type": ({"temperature": "hot"}, "string"),
+    "top_p_high": ({"top_p": 1.5}, "top_p"),
+    "top_p_zero": ({"top_p": 0}, "top_p"),
+    "top_k_zero": ({"top_k": 0}, "top_k"),
+    "min_p": ({"min_p": 2}, "min_p"),
+    "max_new_tokens": ({"max_new_tokens": -3}, "max_new_tokens"),
+    "min_gt_max": ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
+    "repetition_penalty": ({"repetition_penalty": 0}, "repetition_penalty"),
+    "frequency_penalty": ({"frequency_penalty": 3}, "frequency_penalty"),
+    "presence_penalty": ({"presence_penalty": -3}, "presence_penalty"),
+    "logit_bias_oov": ({"logit_bias": {str(VOCAB + 7): 1.0}}, "logit_bias"),
+    "unknown_field": ({"bogus": 1}, "bogus"),
+    "bad_regex": ({"regex": "(ab"}, "regex"),
+    "two_grammars": ({"regex": "a+", "json_schema": "{}"}, "regex"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SAMPLING))
+def test_invalid_sampling_params_generate(server, case):
+    params, word = BAD_SAMPLING[case]
+    body = {"input_ids": PROBE, "sampling_params": {"max_new_tokens": 4, **params}}
+    assert_4xx(*send(server.url, "/generate", body), word)
+    server.assert_still_serving()
+
+
+@pytest.mark.parametrize(
+    "params,word",
+    [({"temperature": -0.5}, "temperature"), ({"top_p": 2.0}, "top_p"),
+     ({"max_tokens": -1}, "max_tokens"), ({"top_k": 0}, "top_k"),
+     ({"frequency_penalty": 5}, "frequency_penalty")],
+    ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty"],
+)
+def test_invalid_sampling_params_v1(server, params, word):
+    body = {"model": "default", "prompt": PROBE, "max_tokens": 4, **params}
+    assert_4xx(*send(server.url, "/v1/completions", body), word)
+    server.assert_still_serving()
+
+
+# ---------------------------------------------------------------- malformed JSON and wrong shapes
+
+MALFORMED = {
+    "truncated": ("/generate", '{"input_ids": [5, 6,', "json"),
+    "not_json": ("/generate", "hello", "json"),
+    "nan": ("/generate", '{"input_ids": [5], "sampling_params": {"temperature": NaN}}', "json"),
+    "empty_body": ("/generate", "", "required"),
+    "top_level_array": ("/generate", "[1, 2, 3]", "dictionary"),
+    "ids_string": ("/generate", '{"input_ids": "abc"}', "input_ids"),
+    "ids_float": ("/generate", '{"input_ids": [5.5, 6]}', "input_ids"),
+    "sampling_list": ("/generate", '{"input_ids": [5], "sampling_params": [1]}', "sampling_params"),
+    "no_prompt": ("/generate", '{"sampling_params": {"max_new_tokens": 2}}', "input_ids"),
+    "empty_ids": ("/generate", '{"input_ids": []}', "empty"),
+    "v1_truncated": ("/v1/completions", '{"model": "default", "prompt": "x",', "json"),
+    "v1_no_prompt": ("/v1/completions", '{"model": "default", "max_tokens": 2}', "prompt"),
+    "v1_prompt_type": ("/v1/completions", '{"model": "default", "prompt": {"a": 1}}', "prompt"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_json(server, case):
+    path, data, word = MALFORMED[case]
+    assert_4xx(*send(server.url, path, data=data), word)
+    server.assert_still_serving()
+
+
+# ---------------------------------------------------------------- requests that crash SGLang 0.5.23
+# Each kills the scheduler; SGLang then SIGQUITs the whole server (see the report in issue 6).
+
+OOV_XFAIL = pytest.mark.xfail(
+    strict=True,
+    reason="SGLang 0.5.23 does not range-check input_ids (tokenizer_manager.py "
+    "_validate_one_request); the scheduler dies in F.embedding "
+    "(layers/vocab_parallel_embedding.py _embed_local_shard: IndexError) and takes the server down",
+)
+
+
+@OOV_XFAIL
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/generate", {"input_ids": [5, 6, VOCAB + 88], "sampling_params": GREEDY}),
+        ("/generate", {"input_ids": [5, -1, 6], "sampling_params": GREEDY}),
+        ("/v1/completions", {"model": "default", "prompt": [5, 6, 10**6], "max_tokens": 4}),
+    ],
+    ids=["above_vocab", "negative", "v1_above_vocab"],
+)
+def test_token_ids_outside_vocab(server, path, body):
+    assert_4xx(*send(server.url, path, body), "vocab")
+    server.assert_still_serving()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SGLang 0.5.23 does not bound top_logprobs_num by the vocabulary; the scheduler dies in "
+    "layers/logprob_processor.py get_top_logprobs_raw (logprobs.topk: 'selected index k out of range')",
+)
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        ("/generate", {"input_ids": PROBE, "return_logprob": True, "top_logprobs_num": VOCAB + 1,
+                       "sampling_params": GREEDY}),
+    ],
+    ids=["generate"],
+)
+def test_top_logprobs_more_than_vocab(server, path, body):
+    assert_4xx(*send(server.url, path, body), "logprob")
+    server.assert_still_serving()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SGLang 0.5.23 rejects input_ids=[] (io_struct.py) but not a text that tokenizes to no "
+    "tokens; the zero-length extend kills the scheduler (rotary forward_native view of 0 elements)",
+)
+def test_empty_text_prompt(server):
+    assert_4xx(*send(server.url, "/generate", {"text": "", "sampling_params": GREEDY}), "empty")
+    server.assert_still_serving()
+
+
+# ---------------------------------------------------------------- malformed overrides at launch
+
+BAD_LAUNCH = {
+    # layer plans (4 layers in the tiny checkpoint)
+    "plan_first_shared": (('--json-model-override-args', '{"index_topk_pattern": "SFFF"}'),
+                          ["index_topk_pattern", "layer 0"]),
+    "plan_wrong_length": (('--json-model-override-args', '{"index_topk_pattern": "FFS"}'),
+                          ["index_topk_pattern", "num_hidden_layers"]),
+    "plan_bad_chars": (('--json-model-override-args', '{"index_topk_pattern": "FXSF"}'),
+                       ["index_topk_pattern", "'X'"]),
+    "indexer_types_bad": (('--json-model-override-args', '{"indexer_types": ["full", "half", "full", "full"]}'),
+                          ["indexer_types", "half"]),
+    "plan_freq_zero": (('--json-model-override-args', '{"index_topk_freq": 0}'),
+                       ["index_topk_freq"]),
+    "override_not_json": (('--json-model-override-args', '{"index_topk_pattern": "FFSF"'),
+                          ["JSONDecodeError"]),
+}
+# MTP: the recycling policy override (sglang_glm/mtp/recycle.py) with speculative decoding on.
+BAD_LAUNCH["mtp_recycle_bad"] = (
+    (*MTP_ARGS, "--json-model-override-args", '{"mtp_recycle_hidden": "sideways"}'),
+    ["mtp_recycle_hidden"],
+)
+LAUNCH_CASES = [c for c in BAD_LAUNCH if MTP_ON or not c.startswith("mtp")]
+
+
+@pytest.fixture(scope="module")
+def launch_outputs(ckpt):
+    def run(case):
+        args, _ = BAD_LAUNCH[case]
+        try:
+            return failed_launch(ckpt, *args, timeout=240)
+        except AssertionError as e:  # started although it should not have
+            return f"STARTED: {e}"
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(LAUNCH_CASES, pool.map(run, LAUNCH_CASES)))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=pytest.mark.skipif(
+        c not in LAUNCH_CASES, reason="MTP not landed yet (issue 3): set MTP_ON = True"))
+     for c in BAD_LAUNCH],
+)
+def test_malformed_launch_override(launch_outputs, case):
+    out = launch_outputs[case]
+    assert not out.startswith("STARTED"), out
+    for word in BAD_LAUNCH[case][1]:
+        assert word in out, f"{word!r} not in start-up output:\n{out[-3000:]}"
+
