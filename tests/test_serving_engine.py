@@ -84,3 +84,21 @@ def test_tensor_parallel_2_matches_tp1(ckpt_shared, monkeypatch):
     want = hf_greedy(ckpt_shared, PROMPTS, NEW_TOKENS)
     with engine(ckpt_shared, tp_size=2) as llm:
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want
+
+
+def test_bundled_trained_model_matches_transformers():
+    """The committed glm-dsa-mini (trained, indexer in every layer) with a shared plan."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    model = Path(__file__).resolve().parent.parent / "sglang_glm" / "assets" / "glm-dsa-mini"
+    text = (Path(__file__).resolve().parent.parent / "benchmarks" / "train" / "data" / "heldout.txt").read_text()
+    tok = AutoTokenizer.from_pretrained(str(model))
+    ids = tok(text[:4000])["input_ids"]
+    prompts = [ids[:200], ids[300:380], ids[500:530]]  # two longer than index_topk (64)
+    plan = "FSFSFSFS"
+    shared = ["full" if c == "F" else "shared" for c in plan]
+    want = hf_greedy(model, prompts, NEW_TOKENS, indexer_types=shared)
+    with engine(model, json_model_override_args={"index_topk_pattern": plan}) as llm:
+        assert greedy(llm, prompts, NEW_TOKENS) == want
