@@ -92,6 +92,29 @@ class GlmDsaIndexer(nn.Module):
         return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
 
 
+def _sglang_dsa_serves_attention() -> bool:
+    """True where SGLang's own CUDA `dsa` backend runs attention (GPU deployments, the default)."""
+    from sglang.srt.runtime_context import attention_backends
+
+    return "dsa" in attention_backends()
+
+
+def build_indexer(config, layer_id: int, quant_config, prefix: str) -> nn.Module:
+    """The indexer of a full layer, matching the attention backend that consumes its top-k.
+
+    SGLang's `dsa` backend reads index keys from its FP8 index-K pool, which only SGLang's own
+    indexer writes, so with it the layer owns SGLang's `Indexer` (written, not run here: SGLang
+    cannot run on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
+    """
+    if _sglang_dsa_serves_attention():
+        from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
+
+        return SGLangDsaIndexer.for_glm(config, layer_id, quant_config, prefix)
+    indexer = GlmDsaIndexer(config, quant_config, prefix)
+    indexer.layer_id = layer_id
+    return indexer
+
+
 class GlmDsaAttention(nn.Module):
     """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
 
@@ -129,8 +152,7 @@ class GlmDsaAttention(nn.Module):
         )
         self.rotary_emb = _rope(config, self.qk_rope_head_dim, getattr(config, "rope_interleave", True))
         if has_indexer:
-            self.indexer = GlmDsaIndexer(config, quant_config, add_prefix("indexer", prefix))
-            self.indexer.layer_id = layer_id
+            self.indexer = build_indexer(config, layer_id, quant_config, add_prefix("indexer", prefix))
         # Absorbed MLA: attention runs on [latent | rope] rows of width kv_lora_rank + rope.
         self.attn = RadixAttention(
             self.num_heads,
@@ -361,8 +383,17 @@ class GlmMoeDsaForCausalLM(nn.Module):
             ckpt_up_proj_name="up_proj",
             num_experts=self.config.n_routed_experts,
         )
+        pending_fused: dict = {}
         for name, tensor in weights:
             if not accounting.admit(name, tensor):
+                continue
+            fused = name.rsplit(".indexer.", 1)[0] + ".indexer.wk_weights_proj.weight"
+            if (".indexer.wk." in name or ".indexer.weights_proj." in name) and fused in params:
+                # SGLang's CUDA indexer (GPU `dsa` backend) keeps wk and weights_proj fused.
+                from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
+
+                SGLangDsaIndexer.load_fused_shard(name, tensor, params, pending_fused, self.quant_config)
+                accounting.loaded.add(fused)
                 continue
             accounting.loaded.add(self._load_one(params, expert_mapping, name, tensor))
         accounting.finish(params)
