@@ -39,23 +39,24 @@ class SparseMLAConfig:
     splits: int  # programs per query token along top-k
     num_warps: int
     num_stages: int
+    heads_on_n: bool = False  # transposed dots: gathered rows on the wgmma M side (small head counts)
 
 
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweep in benchmarks/kernels/RESULTS.md."""
+    """Launch shape for a problem, from the H200 sweep in benchmarks/kernels/RESULTS.md.
+
+    num_stages sets how deep Triton double-buffers the gathered rows (stages - 3 buffers here)."""
     if num_heads > 16:
-        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, 1 program per SM),
-        # split top-k only while the grid is under about two waves: partials cost 256 KB/token
-        if kv_fp8:
-            return SparseMLAConfig(64, 64, 2 if num_tokens <= num_sms else 1, num_warps=8, num_stages=2)
-        block_n = 32 if 2 * num_tokens <= num_sms else 64
-        return SparseMLAConfig(64, block_n, 2 if num_tokens <= 2 * num_sms else 1, num_warps=8, num_stages=2)
-    # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 4 (FP8) programs per SM
-    block_n = 32 if kv_fp8 else 64
+        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, 1 program per SM);
+        # split top-k only while the grid is under about one wave: partials cost 256 KB/token
+        splits = 2 if num_tokens <= num_sms else 1
+        return SparseMLAConfig(64, 32, splits, num_warps=8, num_stages=5 if kv_fp8 else 4)
+    # 8/16 heads are bandwidth-bound: gathered rows on the wgmma M side, two row buffers in
+    # flight, top-k split until about 2 (BF16) or 4 (FP8) programs per SM
     programs = (4 if kv_fp8 else 2) * num_sms
-    splits = max(1, min(programs // num_tokens, topk // (4 * block_n)))
+    splits = max(1, min(programs // num_tokens, topk // 128))
     splits = 1 << (splits.bit_length() - 1)
-    return SparseMLAConfig(16, block_n, splits, num_warps=4, num_stages=4)
+    return SparseMLAConfig(16, 32, splits, num_warps=8 if kv_fp8 else 4, num_stages=5, heads_on_n=True)
 
 
 @triton.jit
@@ -90,8 +91,10 @@ def _sparse_mla_fwd_kernel(
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_lt,
     KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr,
     SPLIT_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    HEADS_ON_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
+    """HEADS_ON_N computes the transposed problem (S^T = K Q^T, O^T = V^T P^T): the gathered rows
+    are the M side of the dots, so 16 heads still fill Hopper's 64-row wgmma tiles."""
     # head block fastest: programs sharing a token's KV rows run side by side and hit L2
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -101,14 +104,20 @@ def _sparse_mla_fwd_kernel(
     head_ok = heads < num_heads
     d_v = tl.arange(0, 512)
     d_r = tl.arange(0, 64)
-    q_row = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
-    q_lat = tl.load(q_row + d_v[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-    q_rope = tl.load(q_row + 512 + d_r[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
-
+    q_row = q_ptr + t.to(tl.int64) * stride_qt
+    if HEADS_ON_N:
+        q_lat = tl.load(q_row + heads[None, :] * stride_qh + d_v[:, None], mask=head_ok[None, :], other=0.0)
+        q_rope = tl.load(q_row + heads[None, :] * stride_qh + 512 + d_r[:, None], mask=head_ok[None, :], other=0.0)
+        acc = tl.zeros([512, BLOCK_H], tl.float32)
+    else:
+        q_lat = tl.load(q_row + heads[:, None] * stride_qh + d_v[None, :], mask=head_ok[:, None], other=0.0)
+        q_rope = tl.load(q_row + heads[:, None] * stride_qh + 512 + d_r[None, :], mask=head_ok[:, None], other=0.0)
+        acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    q_lat = q_lat.to(DOT_DTYPE)
+    q_rope = q_rope.to(DOT_DTYPE)
     # finite start so fully masked blocks give alpha = 1, p = 0 instead of NaN
     m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, 512], tl.float32)
 
     k_lo = pid_s * split_len
     k_hi = tl.minimum(k_lo + split_len, topk)
@@ -122,28 +131,44 @@ def _sparse_mla_fwd_kernel(
         latent, rope = _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8, ROW_ELEMS)
         latent = latent.to(DOT_DTYPE)
         rope = rope.to(DOT_DTYPE)
-
-        s = tl.dot(q_lat, tl.trans(latent))
-        s = tl.dot(q_rope, tl.trans(rope), s)
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(DOT_DTYPE), latent, acc * alpha[:, None])
+        if HEADS_ON_N:
+            s = tl.dot(latent, q_lat)  # [BLOCK_N, BLOCK_H]
+            s = tl.dot(rope, q_rope, s)
+            s = tl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = tl.dot(tl.trans(latent), p.to(DOT_DTYPE), acc * alpha[None, :])
+        else:
+            s = tl.dot(q_lat, tl.trans(latent))  # [BLOCK_H, BLOCK_N]
+            s = tl.dot(q_rope, tl.trans(rope), s)
+            s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(DOT_DTYPE), latent, acc * alpha[:, None])
         m_i = m_new
 
     has_key = l_i > 0.0
-    o = acc / tl.where(has_key, l_i, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(has_key, l_i, 1.0)
     lse_log2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    if not SPLIT_OUT:
-        o_ptrs = out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + d_v[None, :]
-        tl.store(o_ptrs, o.to(tl.bfloat16), mask=head_ok[:, None])
-        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + heads, lse_log2 * 0.6931471805599453, mask=head_ok)
-    else:
+    if SPLIT_OUT:
         part = (t.to(tl.int64) * splits + pid_s) * num_heads + heads
-        tl.store(part_out_ptr + part[:, None] * 512 + d_v[None, :], o, mask=head_ok[:, None])
+        o_base = part_out_ptr
+        o_h = part * 512
+        o_dtype: tl.constexpr = tl.float32
         tl.store(part_lse_ptr + part, lse_log2, mask=head_ok)
+    else:
+        o_base = out_ptr + t.to(tl.int64) * stride_ot
+        o_h = heads * stride_oh
+        o_dtype: tl.constexpr = tl.bfloat16
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + heads, lse_log2 * 0.6931471805599453, mask=head_ok)
+    if HEADS_ON_N:
+        tl.store(o_base + o_h[None, :] + d_v[:, None], (acc * inv_l[None, :]).to(o_dtype), mask=head_ok[None, :])
+    else:
+        tl.store(o_base + o_h[:, None] + d_v[None, :], (acc * inv_l[:, None]).to(o_dtype), mask=head_ok[:, None])
 
 
 @triton.jit
@@ -222,7 +247,7 @@ def sparse_mla_fwd(
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
         SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
-        DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
+        HEADS_ON_N=config.heads_on_n, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
     )
     if splits > 1:
         _merge_splits_kernel[(H, T)](

@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "third_party_baselines"))
 ROWS = []  # every timed line, for results.json / results.md
 CHECKS = []  # every correctness line
 MARKDOWN = []  # the printed tables, for results.md
+SKIP = set()  # --skip sections
 
 
 def log(*a):
@@ -172,25 +173,30 @@ def correctness(kv_bf16, kv_fp8):
 
 # ------------------------------------------------------------------ sparse MLA
 def sweep(kv_bf16, kv_fp8, ceil):
+    """Time candidate launch shapes (screened offline for spills and shared memory) per problem."""
     from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd
 
     scale = 576**-0.5
+    small_heads = {  # (block_h, block_n, num_warps, num_stages, heads_on_n)
+        "bf16": [(16, 32, 4, 5, True), (16, 32, 8, 5, True), (16, 64, 4, 4, True), (16, 64, 8, 4, True)],
+        "fp8": [(16, 32, 4, 5, True), (16, 32, 8, 5, True), (16, 32, 4, 4, False)],
+    }
+    all_heads = {
+        "bf16": [(64, 32, 8, 4, False), (64, 32, 8, 5, False), (64, 64, 8, 4, False)],
+        "fp8": [(64, 32, 8, 5, False), (64, 64, 8, 2, False)],
+    }
     for fmt, kv, row_bytes in (("bf16", kv_bf16, 1152), ("fp8", kv_fp8, 656)):
-        for T, H in ((64, 16), (256, 16), (64, 64), (256, 64)):
+        for T, H in ((64, 16), (256, 16), (64, 64), (256, 64), (4096, 64)):
             q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
             nbytes, flops = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
             floor = max(nbytes / ceil[0], flops / ceil[1])
             res = []
-            if H <= 16:
-                shapes = [(16, bn, 4, ns) for bn in (32, 64) for ns in (3, 4)]
-            else:
-                shapes = [(64, 32, 8, 2), (64, 32, 8, 3), (64, 64, 8, 2), (32, 32, 8, 2), (32, 32, 8, 3)]
-            for bh, bn, nw, ns in shapes:
-                for sp in (1, 2, 4, 8):
+            for bh, bn, nw, ns, hon in (small_heads if H <= 16 else all_heads)[fmt]:
+                for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
                     programs = T * sp * (H // bh)
                     if programs > 8 * 132 or (sp > 1 and programs > 4 * 132):
                         continue
-                    cfg = SparseMLAConfig(bh, bn, sp, nw, ns)
+                    cfg = SparseMLAConfig(bh, bn, sp, nw, ns, hon)
                     try:
                         t = bench(lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), rep=20)
                     except Exception as exc:  # out of shared memory etc.
@@ -198,8 +204,7 @@ def sweep(kv_bf16, kv_fp8, ceil):
                         continue
                     res.append((t, cfg))
             res.sort(key=lambda x: x[0])
-            log(f"sweep {fmt} T={T} H={H}: best " + "; ".join(
-                f"{t * 1e6:.1f}us {100 * floor / t:.0f}% {c}" for t, c in res[:4]))
+            log(f"sweep {fmt} T={T} H={H}: " + "; ".join(f"{t * 1e6:.1f}us {100 * floor / t:.0f}% {c}" for t, c in res))
 
 
 def mla_decode_tables(kv_bf16, kv_fp8, ceil):
@@ -238,7 +243,7 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
         row_bytes = 1152 if fmt == "bf16" else 656
         nb, fl = sparse_mla_bytes(4096, 64, 2048, row_bytes), sparse_mla_flops(4096, 64, 2048)
         shape = f"{fmt} KV"
-        if fmt == "bf16":
+        if fmt == "bf16" and "sglang-prefill" not in SKIP:
             t0 = time.time()
             tab.time(shape, "sglang triton_sparse_mla_fwd", lambda: sglang_fwd(q, kv3_bf16, idx, scale), nb, fl)
             log(f"  (sglang triton_sparse_mla_fwd, autotune included, took {time.time() - t0:.1f}s)")
@@ -391,7 +396,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, default=HERE)
     ap.add_argument("--sweep", action="store_true", help="also sweep sparse-MLA launch configs")
-    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache")
+    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache,sglang-prefill "
+                    "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)
     args = ap.parse_args()
     if args.plot_only:
@@ -400,6 +406,7 @@ def main():
     import triton
 
     skip = set(args.skip.split(","))
+    SKIP.update(skip)
     props = torch.cuda.get_device_properties(0)
     bw, peak = measure_ceilings()
     meta = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,

@@ -34,10 +34,10 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv_fp8", [False, True])
-@pytest.mark.parametrize("heads,splits", [(8, 1), (16, 2), (64, 1), (64, 4)])
-def test_sparse_mla(device, kv_fp8, heads, splits):
+@pytest.mark.parametrize("heads,splits,heads_on_n", [(8, 1, True), (16, 2, True), (16, 2, False), (64, 1, False), (64, 4, False)])
+def test_sparse_mla(device, kv_fp8, heads, splits, heads_on_n):
     dev = _dev(device)
-    torch.manual_seed(100 + heads + splits + kv_fp8)
+    torch.manual_seed(100 + heads + splits + kv_fp8 + 7 * heads_on_n)
     T, P, topk = (7, 3000, 512) if device == "cuda" else (3, 300, 96)
     if device == "interp" and heads == 64:
         heads = 16
@@ -52,7 +52,7 @@ def test_sparse_mla(device, kv_fp8, heads, splits):
     out = torch.full((T, heads, 512), float("nan"), device=dev).bfloat16()
     lse = torch.full((T, heads), float("nan"), device=dev)
     block_h = 64 if heads >= 64 else 16
-    cfg = SparseMLAConfig(block_h, 16 if device == "interp" else 32, splits, 8 if block_h == 64 else 4, 2)
+    cfg = SparseMLAConfig(block_h, 16 if device == "interp" else 32, splits, 8 if block_h == 64 else 4, 2, heads_on_n)
     sparse_mla_fwd(q, kv, idx, 576**-0.5, out=out, lse=lse, config=cfg)
     ref_out, ref_lse = sparse_mla_fwd_ref(q, kv, idx, 576**-0.5)
     assert not out.isnan().any() and not lse.isnan().any()
