@@ -137,15 +137,56 @@ def _last_loc_in_torch(original, req_to_token, req_pool_indices, prefix_lens):
     return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
 
 
+def _tree_drafts_on_page_one(original, server_args, *args, **kwargs):
+    # SGLang forces 64-token pages on DSA models, and refuses eagle topk > 1 with pages > 1 on any
+    # backend but flashinfer/fa3/triton; the CPU DSA backend serves page 1, so tree drafts get it.
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    view = resolving_view(server_args)
+    user_page = view.page_size
+    result = original(server_args, *args, **kwargs)
+    topk = resolving_view(server_args).speculative_eagle_topk
+    if (
+        topk is not None
+        and topk > 1
+        and user_page in (None, 1)
+        and is_glm_dsa(model_config_of(server_args).hf_config)
+    ):
+        declare_resolution(server_args, "sglang_glm", page_size=1)
+    return result
+
+
+def _plugin_kv_pool(original, configurator, *, kind, default):
+    # SGLang picks the DSA pool by model, not by attention backend; the plugin's backends need the
+    # plugin's pool (index keys in the model dtype, none for shared layers), SGLang's `dsa` its own.
+    from sglang.srt.runtime_context import attention_backends
+
+    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+    from sglang_glm.plugin import TRITON_BACKEND_NAME
+
+    if kind == "dsa" and set(attention_backends()) & {BACKEND_NAME, TRITON_BACKEND_NAME}:
+        from sglang_glm.attention.kv_pool import TorchDSAKVPool
+
+        return TorchDSAKVPool
+    return original(configurator, kind=kind, default=default)
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
 
 def apply() -> None:
     """Register the plugin's hooks; SGLang's `load_plugins` applies them after all plugins ran."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
+        _plugin_kv_pool,
+        HookType.AROUND,
+    )
     if not _on_cpu():
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(
         "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
@@ -164,6 +205,11 @@ def apply() -> None:
     )
     HookRegistry.register(
         "sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, HookType.AROUND
+    )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
+        _tree_drafts_on_page_one,
+        HookType.AROUND,
     )
     HookRegistry.register(
         "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
