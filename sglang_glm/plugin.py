@@ -9,6 +9,14 @@ import logging
 logger = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "sglang_glm.models"
+TRITON_BACKEND_NAME = "glm_dsa_triton"
+
+
+def _create_triton_dsa_backend(model_runner):
+    # Imported on use: Triton kernels are for CUDA machines only.
+    from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
+
+    return TritonDSABackend(model_runner)
 
 
 def register() -> None:
@@ -21,6 +29,7 @@ def register() -> None:
 
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True)
     register_attention_backend(BACKEND_NAME)(create_torch_dsa_backend)
-    add_attention_backend_choices([BACKEND_NAME])
+    register_attention_backend(TRITON_BACKEND_NAME)(_create_triton_dsa_backend)
+    add_attention_backend_choices([BACKEND_NAME, TRITON_BACKEND_NAME])
     sglang_patches.apply()
-    logger.info("sglang-glm registered: models from %s, attention backend %s", MODELS_PACKAGE, BACKEND_NAME)
+    logger.info("sglang-glm registered: models from %s, attention backends %s, %s", MODELS_PACKAGE, BACKEND_NAME, TRITON_BACKEND_NAME)

@@ -1,7 +1,7 @@
 """A CPU platform for GLM-DSA, registered through SGLang's `sglang.srt.platforms` entry point.
 
-It is SGLang's own CPU platform with one difference: DSA models get the plugin's KV pool, which
-keeps index keys in the model dtype for full layers only, instead of the CUDA FP8 index-K pool.
+It is SGLang's own CPU platform plus what SGLang asks a platform about speculative decoding: the
+plugin's DSA backend serves EAGLE's draft and verify passes on CPU.
 It activates only when SGLANG_USE_CPU_ENGINE=1, i.e. never on a GPU deployment.
 """
 
@@ -18,13 +18,6 @@ def activate() -> Optional[str]:
 
 
 class GlmDsaCpuPlatform(CpuSRTPlatform):
-    def get_kv_pool_cls(self, *, kind):
-        if kind == "dsa":
-            from sglang_glm.attention.kv_pool import TorchDSAKVPool
-
-            return TorchDSAKVPool
-        return super().get_kv_pool_cls(kind=kind)
-
     def get_default_attention_backend(self) -> str:
         from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
 
