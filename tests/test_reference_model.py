@@ -1,5 +1,7 @@
 """The plain-PyTorch reference equals transformers' GlmMoeDsaForCausalLM; its MTP draft round behaves as stated."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -159,3 +161,26 @@ def test_mtp_trainable_in_float32():
     (out.logits.logsumexp(-1).mean() + mtp.logits.mean() + out.indexer_kl + mtp.indexer_kl).backward()
     assert model.model.layers[0].self_attn.indexer.wq_b.weight.grad is not None
     assert model.mtp_layer.eh_proj.weight.grad is not None
+
+
+# ---------------------------------------------------------------- the committed trained model
+
+GLM_DSA_MINI = Path(__file__).resolve().parent.parent / "sglang_glm/assets/glm-dsa-mini"
+
+
+@torch.no_grad()
+def test_glm_dsa_mini_greedy_equals_transformers():
+    from transformers import AutoTokenizer, GlmMoeDsaForCausalLM
+
+    cfg = DsaConfig.from_pretrained(GLM_DSA_MINI)
+    assert set(cfg.indexer_types) == {"full"} and cfg.num_hidden_layers >= 8 and cfg.num_nextn_predict_layers == 1
+    tok = AutoTokenizer.from_pretrained(GLM_DSA_MINI)
+    text = (GLM_DSA_MINI.parent.parent.parent / "benchmarks/train/data/heldout.txt").read_text()[:4000]
+    ids = tok(text, return_tensors="pt").input_ids[:, :96]
+    assert ids.shape[1] > cfg.index_topk
+    ref = load_reference_model(GLM_DSA_MINI, torch.float32)
+    hf = GlmMoeDsaForCausalLM.from_pretrained(GLM_DSA_MINI, dtype=torch.float32).eval()
+    want = hf.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(greedy_continuation(ref, ids, 8), want[:, ids.shape[1]:])
+    _, draft = reference_draft_round(ref, ids, 3)
+    assert draft.tokens.shape == (1, 3)
