@@ -43,20 +43,23 @@ class SparseMLAConfig:
 
 
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweep in benchmarks/kernels/RESULTS.md.
+    """Launch shape for a problem, from the H200 sweeps in benchmarks/kernels/RESULTS.md.
 
-    num_stages sets how deep Triton double-buffers the gathered rows (stages - 3 buffers here)."""
+    For gathered rows Triton keeps num_stages - 3 row buffers in flight (from the compiled IR)."""
     if num_heads > 16:
-        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, 1 program per SM);
-        # split top-k only while the grid is under about one wave: partials cost 256 KB/token
+        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM);
+        # split top-k only below one wave: each split's partial costs 128 KB/token each way
         splits = 2 if num_tokens <= num_sms else 1
-        return SparseMLAConfig(64, 32, splits, num_warps=8, num_stages=5 if kv_fp8 else 4)
-    # 8/16 heads are bandwidth-bound: gathered rows on the wgmma M side, two row buffers in
-    # flight, top-k split until about 2 (BF16) or 4 (FP8) programs per SM
-    programs = (4 if kv_fp8 else 2) * num_sms
-    splits = max(1, min(programs // num_tokens, topk // 128))
+        return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=2 if kv_fp8 else 4)
+    # 8/16 heads are bandwidth-bound: split top-k until about 2 programs per SM
+    splits = max(1, min(2 * num_sms // num_tokens, topk // 128))
     splits = 1 << (splits.bit_length() - 1)
-    return SparseMLAConfig(16, 32, splits, num_warps=8 if kv_fp8 else 4, num_stages=5, heads_on_n=True)
+    if kv_fp8:
+        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=4)
+    if splits > 1:
+        # short splits: gathered rows on the wgmma M side with two row buffers in flight
+        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=5, heads_on_n=True)
+    return SparseMLAConfig(16, 64, 1, num_warps=4, num_stages=4)
 
 
 @triton.jit

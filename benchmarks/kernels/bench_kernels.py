@@ -194,7 +194,7 @@ def sweep(kv_bf16, kv_fp8, ceil):
             for bh, bn, nw, ns, hon in (small_heads if H <= 16 else all_heads)[fmt]:
                 for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
                     programs = T * sp * (H // bh)
-                    if programs > 8 * 132 or (sp > 1 and programs > 4 * 132):
+                    if sp > 1 and programs > 4 * 132:
                         continue
                     cfg = SparseMLAConfig(bh, bn, sp, nw, ns, hon)
                     try:
