@@ -33,9 +33,11 @@ def plot_loss(path: Path, result: dict) -> None:
     rows = result.get("comparison") or []
     if rows and result["objective"] == "lm":  # the comparison is in NLL, the kl path is not
         n = [r["num_full"] for r in rows]
-        ax.plot(n, [r["uniform_calib"] for r in rows], "s--", label="uniform every-k, calibration")
-        if rows[0].get("searched_heldout") is not None:
+        if "uniform" in rows[0]:
+            ax.plot(n, [r["uniform_calib"] for r in rows], "s--", label="uniform every-k, calibration")
+        if "searched_heldout" in rows[0]:
             ax.plot(n, [r["searched_heldout"] for r in rows], "o-", label="searched, held-out")
+        if "uniform_heldout" in rows[0]:
             ax.plot(n, [r["uniform_heldout"] for r in rows], "s--", label="uniform every-k, held-out")
     ax.set_xlabel("full layers (run their own indexer)")
     ax.set_ylabel("mean NLL (nats/token)" if result["objective"] == "lm" else "mean KL to all-full")
@@ -111,19 +113,23 @@ def result_markdown(result: dict) -> str:
         lines.append(f"| {s['num_full']} | `{s['pattern']}` | {shared} | {s['loss']:.5f} |")
     rows = result.get("comparison") or []
     if rows:
-        held = rows[0].get("searched_heldout") is not None
+        cols = [("searched_calib", "calib searched")]
+        if "uniform" in rows[0]:
+            cols.append(("uniform_calib", "calib uniform"))
+        if "searched_heldout" in rows[0]:
+            cols.append(("searched_heldout", "held-out searched"))
+        if "uniform_heldout" in rows[0]:
+            cols.append(("uniform_heldout", "held-out uniform"))
+        uniform = "uniform" in rows[0]
         lines += [
             "",
-            "## Searched vs uniform every-k (same number of full layers)",
+            "## Searched vs uniform every-k (same number of full layers; mean NLL, nats/token)",
             "",
-            "| full | searched | uniform | calib searched | calib uniform"
-            + (" | held-out searched | held-out uniform" if held else "") + " |",
-            "|---|---|---|---|---" + ("|---|---" if held else "") + "|",
+            "| full | searched" + (" | uniform" if uniform else "")
+            + "".join(f" | {title}" for _, title in cols) + " |",
+            "|---" * (2 + uniform + len(cols)) + "|",
         ]
         for r in rows:
-            line = (f"| {r['num_full']} | `{r['searched']}` | `{r['uniform']}` | "
-                    f"{r['searched_calib']:.5f} | {r['uniform_calib']:.5f}")
-            if held:
-                line += f" | {r['searched_heldout']:.5f} | {r['uniform_heldout']:.5f}"
-            lines.append(line + " |")
+            line = f"| {r['num_full']} | `{r['searched']}`" + (f" | `{r['uniform']}`" if uniform else "")
+            lines.append(line + "".join(f" | {r[k]:.5f}" for k, _ in cols) + " |")
     return "\n".join(lines) + "\n"
