@@ -184,6 +184,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
             kind="step" if is_draft_step else "extend",
             mode=str(forward_batch.forward_mode),
             ran_indexer=ran_indexer,
+            draft_has_indexer=self.model.decoder.self_attn.has_indexer,
             index_share=self.index_share,
             recycle=self.recycle,
             req_pool_indices=forward_batch.req_pool_indices,
