@@ -102,3 +102,20 @@ def test_bundled_trained_model_matches_transformers():
     want = hf_greedy(model, prompts, NEW_TOKENS, indexer_types=shared)
     with engine(model, json_model_override_args={"index_topk_pattern": plan}) as llm:
         assert greedy(llm, prompts, NEW_TOKENS) == want
+
+
+def test_mixed_prefill_and_decode_batches(ckpt_shared):
+    """With --enable-mixed-chunk, a new prompt's prefill chunks run in the same batch as decodes."""
+    import asyncio
+
+    want = hf_greedy(ckpt_shared, [PROMPTS[0], LONG_PROMPT], 24)
+    params = {"temperature": 0, "max_new_tokens": 24}
+    with engine(ckpt_shared, enable_mixed_chunk=True, chunked_prefill_size=64) as llm:
+
+        async def run():
+            first = asyncio.ensure_future(llm.async_generate(input_ids=PROMPTS[0], sampling_params=params))
+            await asyncio.sleep(0.5)  # the first request is decoding when the second arrives
+            second = await llm.async_generate(input_ids=LONG_PROMPT, sampling_params=params)
+            return [(await first)["output_ids"], second["output_ids"]]
+
+        assert asyncio.get_event_loop().run_until_complete(run()) == want
