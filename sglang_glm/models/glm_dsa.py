@@ -9,7 +9,6 @@ reads the indices the most recent full layer wrote into the one `TopkBuffer`.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Iterable, Optional
 
 import torch
