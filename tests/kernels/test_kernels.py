@@ -40,7 +40,7 @@ def test_sparse_mla(device, kv_fp8, heads, splits, heads_on_n):
     torch.manual_seed(100 + heads + splits + kv_fp8 + 7 * heads_on_n)
     T, P, topk = (7, 3000, 512) if device == "cuda" else (3, 300, 96)
     if device == "interp" and heads == 64:
-        heads = 16
+        pytest.skip("64-head programs are too slow to interpret; the 16-head cases cover the code path")
     q = torch.randn(T, heads, 576, device=dev).bfloat16()
     kv_bf16 = torch.randn(P, 576, device=dev).bfloat16()
     kv = quantize_kv_fp8(kv_bf16) if kv_fp8 else kv_bf16
