@@ -1,0 +1,85 @@
+"""The GPU-only paths (written, not run: SGLang cannot run on the project's GPU machine), as far as
+their plumbing can be checked on CPU: which indexer and KV pool each attention backend gets, and
+how the Triton backend lays out the batch for its kernels."""
+
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from transformers import GlmMoeDsaConfig
+
+from sglang_glm import sglang_patches
+from sglang_glm.attention.kv_pool import TorchDSAKVPool
+from sglang_glm.models import glm_dsa
+
+BACKENDS = "sglang.srt.runtime_context.attention_backends"
+
+
+def _config():
+    return GlmMoeDsaConfig(
+        num_hidden_layers=2, hidden_size=64, q_lora_rank=32, index_n_heads=32, index_head_dim=128,
+        qk_rope_head_dim=64, index_topk=2048, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 8e6},
+    )
+
+
+def test_sglang_dsa_backend_gets_sglang_indexer_with_glm_geometry():
+    from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
+
+    captured = {}
+
+    def fake_init(self, **kwargs):
+        captured.update(kwargs)
+
+    with mock.patch(BACKENDS, return_value=("dsa", "dsa")), mock.patch(
+        "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.__init__", fake_init
+    ):
+        indexer = glm_dsa.build_indexer(_config(), 6, None, "model.layers.6.self_attn.indexer")
+    assert isinstance(indexer, SGLangDsaIndexer)
+    assert captured["layer_id"] == 6 and captured["index_topk"] == 2048
+    assert (captured["index_n_heads"], captured["index_head_dim"], captured["rope_head_dim"]) == (32, 128, 64)
+    assert captured["rope_theta"] == 8e6 and captured["rope_scaling"] is None
+    assert captured["is_neox_style"] is False  # GLM's indexer rope is interleaved
+    assert captured["prefix"] == "model.layers.6.self_attn.indexer"
+
+
+def test_kv_pool_follows_the_attention_backend():
+    def sglang_choice(configurator, *, kind, default):
+        return default
+
+    for backends in [("glm_dsa_torch",) * 2, ("glm_dsa_triton",) * 2]:
+        with mock.patch(BACKENDS, return_value=backends):
+            assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is TorchDSAKVPool
+    with mock.patch(BACKENDS, return_value=("dsa", "dsa")):
+        assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is object
+    with mock.patch(BACKENDS, return_value=("glm_dsa_torch",) * 2):
+        assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
+
+
+def test_triton_backend_batch_layout():
+    from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
+
+    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
+    runner = SimpleNamespace(
+        device=torch.device("cpu"),
+        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+        token_to_kv_pool=None,
+    )
+    backend = TritonDSABackend(runner)
+    # Request slots 2 and 0: 3 new tokens after 100 cached, and 2 new tokens from scratch.
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=2,
+        seq_lens=torch.tensor([103, 2]),
+        extend_seq_lens_cpu=[3, 2],
+        req_pool_indices=torch.tensor([2, 0]),
+        positions=torch.tensor([100, 101, 102, 0, 1]),
+        spec_info=None,
+    )
+    backend.init_forward_metadata(batch)
+    assert backend.query_batch.tolist() == [0, 0, 0, 1, 1]
+    assert backend.query_req.tolist() == [2, 2, 2, 0, 0]
+    assert backend.key_limit.tolist() == [101, 102, 103, 1, 2]
+    # Slot row 2 starts at token 576 = page 9; pages are read through req_to_token.
+    assert backend.page_table.tolist() == [[9, 10], [1, 2]]
