@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 import torch
 
+from sglang_glm.calibration import CalibrationError
 from sglang_glm.calibration.inputs import ModelInfo, Sequences
 from sglang_glm.layer_plan import LayerPlan
 
@@ -40,7 +41,7 @@ def _prepare_sglang() -> None:
     try:
         from sglang.srt.plugins import load_plugins
     except ImportError as exc:
-        raise RuntimeError(
+        raise CalibrationError(
             "sglang_glm.calibrate runs the plugin's model inside SGLang's in-process model runner "
             "and needs SGLang 0.5.23 (pip install 'sglang-glm[sglang]'); this environment has "
             f"none ({exc})"
