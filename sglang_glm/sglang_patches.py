@@ -172,6 +172,41 @@ def _plugin_kv_pool(original, configurator, *, kind, default):
     return original(configurator, kind=kind, default=default)
 
 
+def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **kwargs):
+    # SGLang reports the accepted-drafts histogram per request; per-position rates follow from it.
+    hist = meta_info.get("spec_correct_drafts_histogram")
+    if hist:
+        from sglang_glm.mtp.acceptance import AcceptanceStats
+
+        stats = AcceptanceStats()
+        stats.add_histogram(hist)
+        args_ = _spec_server_args()
+        steps = getattr(args_, "speculative_num_steps", None) or len(hist) - 1
+        meta_info["spec_accept_per_position"] = stats.per_position(steps)
+    return result
+
+
+def _reject_unservable_request(manager, obj, input_ids, *args, **kwargs):
+    # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
+    # down; a clear 400 here keeps serving (ValueError becomes the HTTP error message).
+    if not is_glm_dsa(manager.model_config.hf_config):
+        return None
+    vocab = manager.model_config.vocab_size
+    if input_ids is not None:
+        if len(input_ids) == 0:
+            raise ValueError("The prompt is empty (no tokens); send at least one token (text or input_ids).")
+        bad = [t for t in input_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"input_ids contains {bad[:5]} outside the vocabulary [0, {vocab}); "
+                "send token ids of this model's tokenizer"
+            )
+    top = getattr(obj, "top_logprobs_num", None)
+    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab:
+        raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size {vocab}")
+    return None
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
@@ -184,6 +219,11 @@ def apply() -> None:
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
         _plugin_kv_pool,
         HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        _reject_unservable_request,
+        HookType.BEFORE,
     )
     if not _on_cpu():
         return
@@ -224,6 +264,11 @@ def apply() -> None:
     HookRegistry.register(
         "sglang.srt.sampling.sampling_params.SamplingParams.verify",
         _refuse_sampled_verify_on_cpu,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+        _per_position_acceptance,
         HookType.AFTER,
     )
     HookRegistry.register(

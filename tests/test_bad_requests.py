@@ -2,10 +2,8 @@
 
 One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint) serves the request
 tests. After every bad request the same greedy request must still return the tokens it returned
-before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server); those
-tests are strict xfails that name the place in SGLang, and the server is restarted for the next
-test. When the plugin validates those requests (sglang_patches), the xfails flip to failures
-("XPASS(strict)") so they get un-marked.
+before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server) unless
+the plugin rejects them first (sglang_patches._reject_unservable_request).
 
 Launch tests start the server with a malformed layer-plan / MTP override and expect a non-zero
 exit whose output names the field. They run in parallel threads to keep CI time down.
@@ -206,19 +204,11 @@ def test_malformed_json(server, case):
 
 
 # ---------------------------------------------------------------- requests that crash SGLang 0.5.23
-# Each kills the scheduler; SGLang then SIGQUITs the whole server (see the report in issue 6).
-
-OOV_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="SGLang 0.5.23 does not range-check input_ids (tokenizer_manager.py "
-    "_validate_one_request); the scheduler dies in F.embedding "
-    "(layers/vocab_parallel_embedding.py _embed_local_shard: IndexError) and takes the server down",
-)
+# Without the plugin's check each kills the scheduler (tokenizer_manager.py _validate_one_request
+# lets them through); SGLang then SIGQUITs the whole server.
 
 
-@OOV_XFAIL
 def test_token_ids_outside_vocab(server):
-    # One test, not one per case: each case kills the server, and a restart costs CI time.
     cases = [
         ("/generate", {"input_ids": [5, 6, VOCAB + 88], "sampling_params": GREEDY}),
         ("/generate", {"input_ids": [5, -1, 6], "sampling_params": GREEDY}),
@@ -229,11 +219,6 @@ def test_token_ids_outside_vocab(server):
         server.assert_still_serving()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang 0.5.23 does not bound top_logprobs_num by the vocabulary; the scheduler dies in "
-    "layers/logprob_processor.py get_top_logprobs_raw (logprobs.topk: 'selected index k out of range')",
-)
 def test_top_logprobs_more_than_vocab(server):
     cases = [
         ("/generate", {"input_ids": PROBE, "return_logprob": True, "top_logprobs_num": VOCAB + 1,
@@ -246,11 +231,6 @@ def test_top_logprobs_more_than_vocab(server):
         server.assert_still_serving()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang 0.5.23 rejects input_ids=[] (io_struct.py) but not a text that tokenizes to no "
-    "tokens; the zero-length extend kills the scheduler (rotary forward_native view of 0 elements)",
-)
 def test_empty_text_prompt(server):
     assert_4xx(*send(server.url, "/generate", {"text": "", "sampling_params": GREEDY}), "empty")
     server.assert_still_serving()
