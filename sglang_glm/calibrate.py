@@ -34,6 +34,7 @@ from sglang_glm.calibration.inputs import (
     uniform_pattern,
 )
 from sglang_glm.calibration.report import (
+    add_recommendation,
     override_arg,
     overlap_markdown,
     plot_heatmap,
@@ -184,11 +185,16 @@ def run(args) -> dict:
         "overlap_adjacent": overlap["adjacent"] if overlap else None,
         "seconds": round(time.time() - t_start, 1),
     }
+    add_recommendation(result)
     write_json(out / "result.json", result)
     (out / "result.md").write_text(result_markdown(result))
     plot_loss(out / "loss_vs_full_layers.png", result)
     print(f"\n{final.describe()}\nloss {steps[-1].loss:.5f} ({args.objective}); serve with:\n"
-          f"  {override_arg(final.pattern)}\nwritten to {out}/")
+          f"  {override_arg(final.pattern)}")
+    if result["recommended_pattern"] != final.pattern:
+        print(f"note: {result['recommended_reason']}; recommended instead:\n"
+              f"  {override_arg(result['recommended_pattern'])}")
+    print(f"written to {out}/")
     return result
 
 

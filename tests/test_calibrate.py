@@ -311,7 +311,14 @@ def test_report_files(tmp_path):
             for s, u in zip(steps, ["FFFF", "FFSF", "FSFS"])]
     result = {"model": "m", "objective": "lm", "budget": 2, "pattern": "FSSF", "steps": steps,
               "comparison": rows, "data": {"describe": "calib"}, "heldout": {"describe": "held"}}
+    from sglang_glm.calibration.report import add_recommendation
+
+    assert add_recommendation(dict(result))["recommended_pattern"] == "FSSF"  # searched is lower
+    rows[-1]["uniform_calib"] = 2.1  # now uniform every-k beats the greedy path at the budget
+    add_recommendation(result)
+    assert result["recommended_pattern"] == "FSFS" and "uniform every-k" in result["recommended_reason"]
     md = result_markdown(result)
+    assert "recommended instead: `FSFS`" in md
     assert "`FSSF`" in md and "held-out uniform" in md and '{"index_topk_pattern": "FSSF"}' in md
     plot_loss(tmp_path / "loss.png", result)
     overlap = {"layers": [0, 1, 2], "jaccard": [[1, 0.5, 0.2], [0.5, 1, 0.7], [0.2, 0.7, 1]],

@@ -10,6 +10,24 @@ def override_arg(pattern: str) -> str:
     return "--json-model-override-args '" + json.dumps({"index_topk_pattern": pattern}) + "'"
 
 
+def add_recommendation(result: dict) -> dict:
+    """`recommended_pattern`: the searched pattern, unless uniform every-k has lower calibration loss.
+
+    Greedy sharing is myopic: a layer it keeps to the end can force a bad last step (on
+    glm-dsa-mini at 2 full layers). The comparison rows already hold both losses, so the result
+    names the better one instead of hiding it.
+    """
+    row = next((r for r in result.get("comparison") or [] if r["num_full"] == result["budget"]), None)
+    pattern, reason = result["pattern"], "greedy search"
+    if row is not None and "uniform" in row and row["uniform_calib"] < row["searched_calib"]:
+        pattern = row["uniform"]
+        reason = (f"uniform every-k: calibration NLL {row['uniform_calib']:.5f} < greedy "
+                  f"{row['searched_calib']:.5f} at {row['num_full']} full layers")
+    result["recommended_pattern"] = pattern
+    result["recommended_reason"] = reason
+    return result
+
+
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -102,6 +120,13 @@ def result_markdown(result: dict) -> str:
         f"- objective: {obj} ({'mean next-token NLL, nats/token' if obj == 'lm' else 'mean KL to the all-full plan'})",
         f"- budget: {result['budget']} full layers -> pattern `{result['pattern']}`",
         f"- serve it with: `{override_arg(result['pattern'])}`",
+    ]
+    if result.get("recommended_pattern", result["pattern"]) != result["pattern"]:
+        lines.append(
+            f"- **recommended instead: `{result['recommended_pattern']}`** "
+            f"({result['recommended_reason']}): `{override_arg(result['recommended_pattern'])}`"
+        )
+    lines += [
         "",
         "## Greedy path",
         "",
