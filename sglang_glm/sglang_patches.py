@@ -173,38 +173,15 @@ def _plugin_kv_pool(original, configurator, *, kind, default):
 
 
 def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **kwargs):
-    # SGLang reports the accepted-drafts histogram per request; per-position rates follow from it.
-    hist = meta_info.get("spec_correct_drafts_histogram")
-    if hist:
-        from sglang_glm.mtp.acceptance import AcceptanceStats
+    # SGLang reports only the accepted-drafts histogram per request; per-position rates follow from it.
+    from sglang_glm.mtp.acceptance import report_finished_request
 
-        stats = AcceptanceStats()
-        stats.add_histogram(hist)
-        args_ = _spec_server_args()
-        steps = getattr(args_, "speculative_num_steps", None) or len(hist) - 1
-        meta_info["spec_accept_per_position"] = stats.per_position(steps)
+    hist = meta_info.get("spec_correct_drafts_histogram") or []
+    steps = getattr(_spec_server_args(), "speculative_num_steps", None) or max(len(hist) - 1, 0)
+    report_finished_request(
+        meta_info, steps, enable_metrics=getattr(manager, "enable_metrics", False), log=logger
+    )
     return result
-
-
-def _reject_unservable_request(manager, obj, input_ids, *args, **kwargs):
-    # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
-    # down; a clear 400 here keeps serving (ValueError becomes the HTTP error message).
-    if not is_glm_dsa(manager.model_config.hf_config):
-        return None
-    vocab = manager.model_config.vocab_size
-    if input_ids is not None:
-        if len(input_ids) == 0:
-            raise ValueError("The prompt is empty (no tokens); send at least one token (text or input_ids).")
-        bad = [t for t in input_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"input_ids contains {bad[:5]} outside the vocabulary [0, {vocab}); "
-                "send token ids of this model's tokenizer"
-            )
-    top = getattr(obj, "top_logprobs_num", None)
-    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab:
-        raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size {vocab}")
-    return None
 
 
 def is_glm_dsa(hf_config) -> bool:

@@ -56,3 +56,17 @@ def test_lossless_with_index_share_off(ckpt, want, topk, draft_tokens, tmp_path,
     records = trace.load(tmp_path / "trace")
     steps = [r for r in records if r["kind"] == "step"]
     assert steps and all(r["ran_indexer"] and not r["index_share"] for r in records)
+
+
+def test_unsupported_combination_fails_at_start_up(ckpt):
+    """Refused while SGLang resolves its arguments, before any process or model starts."""
+    import sglang as sgl
+
+    from serving import ENGINE_DEFAULTS
+
+    with pytest.raises(Exception, match="(?s)cannot serve this configuration.*rejection-sampling"):
+        sgl.Engine(
+            model_path=str(ckpt), **ENGINE_DEFAULTS, speculative_algorithm="EAGLE",
+            speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+            speculative_use_rejection_sampling=True,
+        )

@@ -208,3 +208,20 @@ def test_draft_reads_only_the_mtp_layer_and_builds_a_full_moe_layer():
     # the target's layer 0 is dense (first_k_dense_replace).
     cfg = _mtp_layer_config(_Cfg(n_routed_experts=8, first_k_dense_replace=3, mlp_layer_types=["dense"] * 3 + ["sparse"] * 5))
     assert cfg.mlp_layer_types == ["sparse"] and cfg.first_k_dense_replace == 0
+
+
+def test_finished_request_report_meta_info_log_and_counters(caplog):
+    import logging
+
+    from prometheus_client import REGISTRY
+
+    from sglang_glm.mtp.acceptance import report_finished_request
+
+    meta = {"id": "r1", "spec_correct_drafts_histogram": [1, 0, 2, 3]}
+    before = REGISTRY.get_sample_value("sglang_glm:spec_verify_rounds_total") or 0.0
+    with caplog.at_level(logging.INFO):
+        report_finished_request(meta, 3, enable_metrics=True, log=logging.getLogger("mtp-test"))
+    assert meta["spec_accept_per_position"] == [5 / 6, 5 / 6, 3 / 6]
+    assert "MTP acceptance of request r1" in caplog.text and "p3=0.50" in caplog.text
+    assert REGISTRY.get_sample_value("sglang_glm:spec_verify_rounds_total") == before + 6
+    assert REGISTRY.get_sample_value("sglang_glm:spec_draft_accepted_total", {"position": "3"}) >= 3

@@ -62,3 +62,43 @@ class AcceptanceStats:
 def format_acceptance(stats: AcceptanceStats, num_positions: int | None = None) -> str:
     rates = " ".join(f"p{k + 1}={r:.2f}" for k, r in enumerate(stats.per_position(num_positions)))
     return f"accept_len={stats.mean_accept_length:.3f} over {stats.rounds} rounds; per position: {rates}"
+
+
+_COUNTERS = None
+
+
+def _counters():
+    """Prometheus counters (created once, in the process that serves meta_info)."""
+    global _COUNTERS
+    if _COUNTERS is None:
+        from prometheus_client import Counter
+
+        _COUNTERS = (
+            Counter(
+                "sglang_glm:spec_draft_accepted_total",
+                "Verify rounds in which the draft token at this position was accepted "
+                "(divide by sglang_glm:spec_verify_rounds_total for the per-position rate)",
+                ["position"],
+            ),
+            Counter("sglang_glm:spec_verify_rounds_total", "Speculative verify rounds of finished requests"),
+        )
+    return _COUNTERS
+
+
+def report_finished_request(meta_info: dict, num_steps: int, *, enable_metrics: bool, log) -> None:
+    """Per-position acceptance of one finished request: into meta_info, the log, Prometheus."""
+    hist = meta_info.get("spec_correct_drafts_histogram")
+    if not hist:
+        return
+    stats = AcceptanceStats()
+    stats.add_histogram(hist)
+    meta_info["spec_accept_per_position"] = stats.per_position(num_steps)
+    log.info("MTP acceptance of request %s: %s", meta_info.get("id"), format_acceptance(stats, num_steps))
+    if enable_metrics:
+        try:
+            accepted, rounds = _counters()
+            rounds.inc(stats.rounds)
+            for k in range(1, num_steps + 1):
+                accepted.labels(position=str(k)).inc(sum(stats.histogram[k:]))
+        except Exception as exc:  # metrics must never fail a request
+            log.warning("MTP acceptance metrics not recorded: %s", exc)
