@@ -56,7 +56,8 @@ def main():
     from sglang_glm.calibration.inputs import inspect_model, load_sequences, load_tokenizer
 
     result = json.loads(a.result.read_text())
-    info = inspect_model(result["model"])
+    model = result["data"]["model"]  # absolute path (the log header's)
+    info = inspect_model(model)
     windows = load_sequences(
         a.heldout, load_tokenizer(info.path), info, seq_len=result["data"]["seq_len"],
         max_tokens=result["data"]["max_tokens"], what="--heldout",
@@ -70,7 +71,7 @@ def main():
             kinds.append(("uniform", row["uniform"], row["uniform_heldout"]))
         for kind, pattern, tool in kinds:
             t = time.time()
-            served = served_nll(result["model"], pattern, windows, pool)
+            served = served_nll(model, pattern, windows, pool)
             rows.append({"num_full": budget, "kind": kind, "pattern": pattern,
                          "tool_heldout": tool, "served_heldout": served,
                          "abs_diff": abs(served - tool), "seconds": round(time.time() - t, 1)})
