@@ -184,6 +184,27 @@ def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **k
     return result
 
 
+def _reject_unservable_request(manager, obj, input_ids, *args, **kwargs):
+    # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
+    # down; a clear 400 here keeps serving (ValueError becomes the HTTP error message).
+    if not is_glm_dsa(manager.model_config.hf_config):
+        return None
+    vocab = manager.model_config.vocab_size
+    if input_ids is not None:
+        if len(input_ids) == 0:
+            raise ValueError("The prompt is empty (no tokens); send at least one token (text or input_ids).")
+        bad = [t for t in input_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(
+                f"input_ids contains {bad[:5]} outside the vocabulary [0, {vocab}); "
+                "send token ids of this model's tokenizer"
+            )
+    top = getattr(obj, "top_logprobs_num", None)
+    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab:
+        raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size {vocab}")
+    return None
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
