@@ -141,6 +141,8 @@ def main(argv=None):
         results["configs"].append(row)
         print(f"{name}: accept_len={row['mean_accept_length']:.3f} per position "
               f"{[round(r, 3) for r in row['per_position_acceptance']]}", flush=True)
+        results["lossless_all_configs_same_tokens"] = lossless
+        write(results, a.out)
     if not a.quick:
         for steps in range(1, MAX_STEPS):
             tokens, metas, seconds = serve(a.model, prompts, a.new_tokens, steps, "post_norm", True)
@@ -152,17 +154,23 @@ def main(argv=None):
                 {"steps": steps, **stats.as_dict(steps), "generate_seconds": seconds}
             )
             print(f"post-norm, share on, {steps} steps: accept_len={stats.mean_accept_length:.3f}", flush=True)
+            results["lossless_all_configs_same_tokens"] = lossless
+            write(results, a.out)
         results["measured_steps"].append(
             {"steps": MAX_STEPS, **{k: results["configs"][0][k] for k in
                                     ("rounds", "mean_accept_length", "per_position_acceptance",
                                      "correct_drafts_histogram", "generate_seconds")}}
         )
     results["lossless_all_configs_same_tokens"] = lossless
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(results, indent=1))
-    (a.out / "results.md").write_text(render_markdown(results))
-    plot(results, a.out / "acceptance.png")
+    write(results, a.out)
     print((a.out / "results.md").read_text())
+
+
+def write(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(render_markdown(results))
+    plot(results, out / "acceptance.png")
 
 
 def render_markdown(r: dict) -> str:
@@ -200,9 +208,10 @@ def render_markdown(r: dict) -> str:
             + " | ".join(f"{t[k] if k in t else t[str(k)]:.3f}" for k in range(1, MAX_STEPS + 1)) + " |"
         )
     if r["measured_steps"]:
+        by_steps = {m["steps"]: m["mean_accept_length"] for m in r["measured_steps"]}
         lines.append(
-            "| post_norm, measured (separate runs) | on | "
-            + " | ".join(f"{m['mean_accept_length']:.3f}" for m in r["measured_steps"]) + " |"
+            "| post_norm, measured (separate runs, k steps) | on | "
+            + " | ".join(f"{by_steps[k]:.3f}" if k in by_steps else "-" for k in range(1, MAX_STEPS + 1)) + " |"
         )
     return "\n".join(lines) + "\n"
 
@@ -223,8 +232,8 @@ def plot(r: dict, path: Path) -> None:
         t = c["accept_length_truncated"]
         ax2.plot(ks, [t[k] if k in t else t[str(k)] for k in ks], marker="o", label=c["name"])
     if r["measured_steps"]:
-        ax2.plot(ks, [m["mean_accept_length"] for m in r["measured_steps"]], "k--", marker="x",
-                 label="post-norm, share on (measured runs)")
+        ax2.plot([m["steps"] for m in r["measured_steps"]], [m["mean_accept_length"] for m in r["measured_steps"]],
+                 "k--", marker="x", label="post-norm, share on (measured runs)")
     ax1.set(xlabel="draft position", ylabel="acceptance rate", title="Per-position acceptance (5 steps)")
     ax2.set(xlabel="draft steps", ylabel="mean acceptance length", title="Acceptance length vs steps")
     for ax in (ax1, ax2):
