@@ -13,4 +13,4 @@ $PY -m sglang_glm.calibrate --model sglang_glm/assets/glm-dsa-mini --full-layers
 # 2. The searched patterns served by sglang.Engine (plugin, launch override): held-out loss from
 #    the server's input logprobs vs the tool's figure.
 $PY benchmarks/calibration/serve_check.py --result benchmarks/calibration/glm-dsa-mini/result.json \
-    --heldout benchmarks/train/data/heldout.txt --budgets 4 2
+    --heldout benchmarks/train/data/heldout.txt --budgets 5 4 3 2 --uniform
