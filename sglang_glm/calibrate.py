@@ -61,7 +61,7 @@ def parse_args(argv):
                     help="held-out text: report held-out loss of searched and uniform patterns")
     ap.add_argument("--seq-len", type=int, default=None,
                     help="tokens per calibration window (default min(1024, max positions))")
-    ap.add_argument("--max-tokens", type=int, default=16384,
+    ap.add_argument("--max-tokens", type=int, default=8192,
                     help="use at most this many tokens of --data (and of --heldout)")
     ap.add_argument("--batch-seqs", type=int, default=4, help="windows per forward batch")
     ap.add_argument("--objective", choices=("lm", "kl"), default="lm",
