@@ -120,6 +120,9 @@ def run(args) -> dict:
     print(f"SGLang model runner ready in {time.time() - t:.1f} s"
           + ("" if check is None else f"; this tool's layer loop vs ModelRunner.forward: "
              f"max |logit diff| {check:.2e}"), flush=True)
+    if check is not None and check > 1e-3:
+        print(f"warning: this tool's forward differs from ModelRunner.forward by {check:.2e} in "
+              f"the logits; its losses may not match what a server reports", flush=True)
 
     overlap = None
     if not args.no_overlap:
