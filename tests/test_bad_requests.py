@@ -1,7 +1,7 @@
 """Bad requests get a clear 4xx and the server keeps serving; bad launch overrides fail at start-up.
 
-One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint) serves the request
-tests. After every bad request the same greedy request must still return the tokens it returned
+One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint, MTP drafting on) serves
+the request tests. After every bad request the same greedy request must still return the tokens it returned
 before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server) unless
 the plugin rejects them first (sglang_patches._reject_unservable_request).
 
@@ -12,19 +12,22 @@ exit whose output names the field. They run in parallel threads to keep CI time 
 from __future__ import annotations
 
 import contextlib
-import json
+import os
+import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from sglang_glm.checkpoint import make_tiny_checkpoint
-from serving import failed_launch, http_server
+from serving import free_port, http_server
 
 pytestmark = pytest.mark.slow
 
-# MTP speculative decoding is being built (issue 3): flip to True when it lands.
-MTP_ON = False
+# MTP speculative decoding (issue 3) on; False serves without drafting.
+MTP_ON = True
 MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
@@ -52,7 +55,7 @@ class Server:
 
     def alive(self) -> bool:
         try:
-            return requests.get(f"{self.url}/health", timeout=5).status_code == 200
+            return requests.get(f"{self.url}/health", timeout=60).status_code == 200
         except requests.RequestException:
             return False
 
@@ -60,9 +63,8 @@ class Server:
         if self.url is None or not self.alive():
             self.stack.close()
             self.stack = contextlib.ExitStack()
-            self.url = self.stack.enter_context(
-                http_server(self.ckpt, "--max-running-requests", "4")
-            )
+            args = ["--max-running-requests", "4", *(MTP_ARGS if MTP_ON else ())]
+            self.url = self.stack.enter_context(http_server(self.ckpt, *args))
         return self.url
 
     def probe(self) -> list[int]:
@@ -122,11 +124,13 @@ LONG = [5] * (CONTEXT + 100)
         ("/generate", {"input_ids": LONG, "sampling_params": GREEDY}, ["context length"]),
         ("/generate", {"text": "hello world " * 2000, "sampling_params": GREEDY}, ["context length"]),
         # prompt fits, prompt + max_new_tokens does not
-        ("/generate", {"input_ids": PROBE, "sampling_params": {"max_new_tokens": CONTEXT}},
+        ("/generate", {"input_ids": PROBE, "sampling_params": {"max_new_tokens": CONTEXT,
+                                                               "temperature": 0}},
          ["context length"]),
-        ("/v1/completions", {"model": "default", "prompt": LONG, "max_tokens": 4}, ["context length"]),
-        ("/v1/completions", {"model": "default", "prompt": "x " * 3000, "max_tokens": 4},
+        ("/v1/completions", {"model": "default", "prompt": LONG, "max_tokens": 4, "temperature": 0},
          ["context length"]),
+        ("/v1/completions", {"model": "default", "prompt": "x " * 3000, "max_tokens": 4,
+                             "temperature": 0}, ["context length"]),
     ],
     ids=["ids", "text", "ids+max_new", "v1-ids", "v1-text"],
 )
@@ -142,7 +146,8 @@ BAD_SAMPLING = {
     "temperature_type": ({"temperature": "hot"}, "string"),
     "top_p_high": ({"top_p": 1.5}, "top_p"),
     "top_p_zero": ({"top_p": 0}, "top_p"),
-    "top_k_zero": ({"top_k": 0}, "top_k"),
+    # temperature 0 would turn top_k into 1 (greedy) before the check
+    "top_k_zero": ({"top_k": 0, "temperature": 0.5}, "top_k"),
     "min_p": ({"min_p": 2}, "min_p"),
     "max_new_tokens": ({"max_new_tokens": -3}, "max_new_tokens"),
     "min_gt_max": ({"min_new_tokens": 9, "max_new_tokens": 2}, "min_new_tokens"),
@@ -159,7 +164,8 @@ BAD_SAMPLING = {
 @pytest.mark.parametrize("case", list(BAD_SAMPLING))
 def test_invalid_sampling_params_generate(server, case):
     params, word = BAD_SAMPLING[case]
-    body = {"input_ids": PROBE, "sampling_params": {"max_new_tokens": 4, **params}}
+    # temperature 0 unless the case sets it: with MTP on CPU, sampling is refused first (below).
+    body = {"input_ids": PROBE, "sampling_params": {"max_new_tokens": 4, "temperature": 0, **params}}
     assert_4xx(*send(server.url, "/generate", body), word)
     server.assert_still_serving()
 
@@ -167,13 +173,26 @@ def test_invalid_sampling_params_generate(server, case):
 @pytest.mark.parametrize(
     "params,word",
     [({"temperature": -0.5}, "temperature"), ({"top_p": 2.0}, "top_p"),
-     ({"max_tokens": -1}, "max_tokens"), ({"top_k": 0}, "top_k"),
+     ({"max_tokens": -1}, "max_tokens"), ({"top_k": 0, "temperature": 0.5}, "top_k"),
      ({"frequency_penalty": 5}, "frequency_penalty")],
     ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty"],
 )
 def test_invalid_sampling_params_v1(server, params, word):
-    body = {"model": "default", "prompt": PROBE, "max_tokens": 4, **params}
+    body = {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0, **params}
     assert_4xx(*send(server.url, "/v1/completions", body), word)
+    server.assert_still_serving()
+
+
+@pytest.mark.skipif(not MTP_ON, reason="MTP_ON is False")
+@pytest.mark.parametrize(
+    "path,body",
+    [("/generate", {"input_ids": PROBE, "sampling_params": {"temperature": 0.7, "max_new_tokens": 4}}),
+     ("/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 4})],  # OpenAI default 1.0
+    ids=["generate", "v1"],
+)
+def test_sampling_refused_with_mtp_on_cpu(server, path, body):
+    """On CPU SGLang verifies drafts greedily whatever the temperature; the plugin refuses instead."""
+    assert_4xx(*send(server.url, path, body), "temperature", "greedily")
     server.assert_still_serving()
 
 
@@ -212,7 +231,8 @@ def test_token_ids_outside_vocab(server):
     cases = [
         ("/generate", {"input_ids": [5, 6, VOCAB + 88], "sampling_params": GREEDY}),
         ("/generate", {"input_ids": [5, -1, 6], "sampling_params": GREEDY}),
-        ("/v1/completions", {"model": "default", "prompt": [5, 6, 10**6], "max_tokens": 4}),
+        ("/v1/completions", {"model": "default", "prompt": [5, 6, 10**6], "max_tokens": 4,
+                             "temperature": 0}),
     ]
     for path, body in cases:
         assert_4xx(*send(server.url, path, body), "vocab")
@@ -224,7 +244,7 @@ def test_top_logprobs_more_than_vocab(server):
         ("/generate", {"input_ids": PROBE, "return_logprob": True, "top_logprobs_num": VOCAB + 1,
                        "sampling_params": GREEDY}),
         ("/v1/completions", {"model": "default", "prompt": PROBE, "logprobs": VOCAB + 1,
-                             "max_tokens": 4}),
+                             "max_tokens": 4, "temperature": 0}),
     ]
     for path, body in cases:
         assert_4xx(*send(server.url, path, body), "logprob")
@@ -257,14 +277,37 @@ BAD_LAUNCH["mtp_recycle_bad"] = (
 LAUNCH_CASES = [c for c in BAD_LAUNCH if MTP_ON or not c.startswith("mtp")]
 
 
+LAUNCH_TIMEOUT = 420  # a start-up error comes after SGLang's imports: ~20 s idle, minutes when shared
+
+
+def launch_expecting_failure(model, *args, timeout):
+    """Output of a server start-up that should fail, or 'STARTED ...' if it is still up at timeout.
+
+    Own process group, ended as a whole on timeout (a server that starts would otherwise keep its
+    scheduler running).
+    """
+    cmd = [sys.executable, "-m", "sglang_glm.cpu_compat.launch_server", "--model-path", str(model),
+           "--host", "127.0.0.1", "--port", str(free_port()), "--device", "cpu", "--dtype", "float32",
+           "--disable-cuda-graph", "--max-total-tokens", "8192", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return f"STARTED (still running after {timeout}s): {out[-2000:]}"
+    if proc.returncode == 0:
+        return f"STARTED (exit 0): {out[-2000:]}"
+    return out
+
+
 @pytest.fixture(scope="module")
 def launch_outputs(ckpt):
     def run(case):
         args, _ = BAD_LAUNCH[case]
-        try:
-            return failed_launch(ckpt, *args, timeout=240)
-        except AssertionError as e:  # started although it should not have
-            return f"STARTED: {e}"
+        return launch_expecting_failure(ckpt, *args, timeout=LAUNCH_TIMEOUT)
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(zip(LAUNCH_CASES, pool.map(run, LAUNCH_CASES)))
@@ -273,7 +316,7 @@ def launch_outputs(ckpt):
 @pytest.mark.parametrize(
     "case",
     [pytest.param(c, marks=pytest.mark.skipif(
-        c not in LAUNCH_CASES, reason="MTP not landed yet (issue 3): set MTP_ON = True"))
+        c not in LAUNCH_CASES, reason="MTP_ON is False"))
      for c in BAD_LAUNCH],
 )
 def test_malformed_launch_override(launch_outputs, case):
