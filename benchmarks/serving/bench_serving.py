@@ -1,0 +1,294 @@
+"""Serving benchmark: SGLang's own `python -m sglang.bench_serving` against the plugin's server.
+
+For each configuration (IndexCache plan on/off x MTP on/off) this script starts the server (the
+plugin's CPU launcher on a CPU machine, `python -m sglang.launch_server` on a GPU one), runs
+`sglang.bench_serving --backend sglang` with a local dataset (held-out Python source from
+benchmarks/train/data, in ShareGPT layout, through `--dataset-name random --dataset-path`: no hub
+download; `--tokenizer` is the local model directory), reads SGLang's result line, adds the
+server's mean acceptance length (MTP) and stops the server. Results land next to this script:
+
+    results/<config>.jsonl      bench_serving's own output line(s)
+    results/summary.json/.md    one row per configuration
+    results/*.png               throughput, TTFT, TPOT, acceptance length
+
+    python benchmarks/serving/bench_serving.py                     # all four configurations
+    python benchmarks/serving/bench_serving.py --mtp off           # IndexCache on/off only
+    python benchmarks/serving/bench_serving.py --url http://HOST:PORT --name mine   # a running server
+
+A configuration whose server does not start (e.g. MTP before it is supported) is recorded with
+its error instead of numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+RESULTS = HERE / "results"
+BUNDLED = ROOT / "sglang_glm" / "assets" / "glm-dsa-mini"
+HELDOUT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
+
+# IndexCache "on": the plan from the calibration search on glm-dsa-mini (benchmarks/calibration);
+# "off": every layer runs its indexer.
+PLAN_ON = "FFFFFSSF"
+MTP_ARGS = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(model: Path, extra: list[str], log_path: Path, max_running: int, timeout=600):
+    """The server in its own process group; yields (url, None) or (None, error text)."""
+    port = free_port()
+    launcher = "sglang_glm.cpu_compat.launch_server" if on_cpu() else "sglang.launch_server"
+    cmd = [sys.executable, "-m", launcher, "--model-path", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--max-running-requests", str(max_running),
+           "--enable-metrics", "--decode-log-interval", "1", *extra]
+    if on_cpu():
+        cmd += ["--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
+                "--max-total-tokens", "8192"]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while True:
+            if proc.poll() is not None:
+                log.flush()
+                tail = log_path.read_text().strip().splitlines()[-5:]
+                yield None, f"server exited with {proc.returncode}: " + " | ".join(tail)
+                return
+            try:
+                if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() - t0 > timeout:
+                yield None, f"server not healthy after {timeout}s"
+                return
+            time.sleep(1)
+        print(f"  server up in {time.time() - t0:.0f}s: {' '.join(extra)}", flush=True)
+        yield url, None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def write_dataset(path: Path, n: int = 200, chunk: int = 1200) -> Path:
+    """Held-out Python source as ShareGPT-layout conversations (human: a chunk, gpt: the next)."""
+    text = HELDOUT.read_text() if HELDOUT.exists() else Path(json.__file__).read_text()
+    rows = []
+    for i in range(n):
+        a = (i * 977) % max(1, len(text) - 2 * chunk)
+        rows.append({"id": str(i), "conversations": [
+            {"from": "human", "value": text[a:a + chunk]},
+            {"from": "gpt", "value": text[a + chunk:a + 2 * chunk]},
+        ]})
+    path.write_text(json.dumps(rows))
+    return path
+
+
+# `python -m sglang.bench_serving`, except that SGLang 0.5.23's benchmark package imports HF `datasets`
+# at import time (for MMMU) and that package is not part of the CPU environment; the random dataset
+# over a local file never calls it, so a stand-in module that refuses to be used is enough.
+CLIENT = """
+import sys, types
+try:
+    import datasets
+except ImportError:
+    m = types.ModuleType("datasets")
+    def load_dataset(*a, **k):
+        raise RuntimeError("HF datasets is not installed; use a local random/custom dataset")
+    m.load_dataset = load_dataset
+    sys.modules["datasets"] = m
+sys.argv[0] = "sglang.bench_serving"
+from sglang.benchmark.serving import cli_main
+cli_main()
+"""
+
+
+def run_bench(url: str, model: Path, dataset: Path, out: Path, args) -> dict:
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-c", CLIENT, "--backend", "sglang", "--base-url", url,
+           "--dataset-name", "random", "--dataset-path", str(dataset),
+           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+           "--random-range-ratio", "1.0", "--num-prompts", str(args.num_prompts),
+           "--max-concurrency", str(args.concurrency), "--tokenizer", str(model),
+           "--model", str(model), "--seed", "0", "--output-file", str(out), "--disable-tqdm",
+           "--warmup-requests", "1"]
+    print("  python -m sglang.bench_serving " + " ".join(cmd[3:]), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
+    (out.with_suffix(".log")).write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"bench_serving failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(out.read_text().strip().splitlines()[-1])
+
+
+def server_accept_length(url: str) -> float | None:
+    try:
+        info = requests.get(f"{url}/get_server_info", timeout=10).json()
+        return info["internal_states"][0].get("avg_spec_accept_length")
+    except Exception:
+        return None
+
+
+KEEP = ["completed", "duration", "request_throughput", "input_throughput", "output_throughput",
+        "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms",
+        "p99_tpot_ms", "mean_itl_ms", "mean_e2e_latency_ms", "accept_length"]
+
+
+def configurations(args, n_layers: int) -> list[tuple[str, list[str]]]:
+    plans = {"ic_on": PLAN_ON if args.plan_on is None else args.plan_on, "ic_off": "F" * n_layers}
+    mtps = {"on": ["mtp_on"], "off": ["mtp_off"], "both": ["mtp_off", "mtp_on"]}[args.mtp]
+    ics = {"on": ["ic_on"], "off": ["ic_off"], "both": ["ic_off", "ic_on"]}[args.indexcache]
+    out = []
+    for m in mtps:
+        for ic in ics:
+            extra = ["--json-model-override-args", json.dumps({"index_topk_pattern": plans[ic]})]
+            if m == "mtp_on":
+                extra += MTP_ARGS
+            out.append((f"{ic}_{m}", extra))
+    return out
+
+
+def plot(rows: list[dict], path_prefix: Path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return
+    names = [r["config"] for r in ok]
+    panels = [("output_throughput", "output tokens/s"), ("mean_ttft_ms", "mean TTFT (ms)"),
+              ("mean_tpot_ms", "mean TPOT (ms)"), ("accept_length", "mean acceptance length")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    for ax, (key, label) in zip(axes, panels):
+        vals = [r.get(key) or 0.0 for r in ok]
+        ax.bar(names, vals, color=["#4c72b0" if "mtp_off" in n else "#dd8452" for n in names])
+        ax.set_title(label, fontsize=10)
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(rows[0].get("title", ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(f"{path_prefix}.png", dpi=110)
+    plt.close(fig)
+
+
+def write_summary(rows, meta):
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "summary.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    lines = [f"# Serving benchmark ({meta['when']})", "",
+             f"{meta['machine']}. Model `{meta['model']}`; bench_serving random over held-out text, "
+             f"{meta['num_prompts']} prompts, input {meta['input_len']} / output {meta['output_len']} "
+             f"tokens, max concurrency {meta['concurrency']}, server max running requests "
+             f"{meta['max_running']}. IndexCache on = plan `{meta['plan_on']}`, off = every layer full. "
+             f"MTP = `{' '.join(MTP_ARGS)}`.", "",
+             "| config | done | req/s | out tok/s | mean TTFT ms | p99 TTFT ms | mean TPOT ms | "
+             "p99 TPOT ms | accept len |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['config']} | not run: {r['error'][:160]} | | | | | | | |")
+            continue
+        f = lambda k, p=1: "" if r.get(k) is None else f"{r[k]:.{p}f}"  # noqa: E731
+        lines.append(f"| {r['config']} | {r.get('completed')} | {f('request_throughput', 3)} | "
+                     f"{f('output_throughput', 2)} | {f('mean_ttft_ms')} | {f('p99_ttft_ms')} | "
+                     f"{f('mean_tpot_ms')} | {f('p99_tpot_ms')} | {f('accept_length', 2)} |")
+    if meta.get("note"):
+        lines += ["", meta["note"]]
+    (RESULTS / "summary.md").write_text("\n".join(lines) + "\n")
+    plot(rows, RESULTS / "serving")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=BUNDLED)
+    ap.add_argument("--url", help="benchmark this running server instead of starting servers")
+    ap.add_argument("--name", default="external", help="config name for --url")
+    ap.add_argument("--mtp", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--indexcache", choices=["on", "off", "both"], default="both")
+    ap.add_argument("--plan-on", default=None, help=f"IndexCache plan for 'on' (default {PLAN_ON})")
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-running", type=int, default=4)
+    ap.add_argument("--bench-timeout", type=int, default=1800)
+    ap.add_argument("--note", default="")
+    args = ap.parse_args()
+    if on_cpu():
+        from sglang_glm.cpu_compat import activate
+
+        activate()  # the bench_serving client subprocess imports sglang too
+
+    RESULTS.mkdir(exist_ok=True)
+    dataset = write_dataset(RESULTS / "heldout_sharegpt.json")
+    n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
+    machine = ("CPU, " + f"{os.cpu_count()} cores (shared)") if on_cpu() else "GPU"
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine,
+            "model": str(args.model.relative_to(ROOT) if args.model.is_relative_to(ROOT) else args.model),
+            "num_prompts": args.num_prompts, "input_len": args.input_len,
+            "output_len": args.output_len, "concurrency": args.concurrency,
+            "max_running": args.max_running, "plan_on": args.plan_on or PLAN_ON, "note": args.note}
+
+    rows = []
+    if args.url:
+        res = run_bench(args.url, args.model, dataset, RESULTS / f"{args.name}.jsonl", args)
+        row = {"config": args.name, **{k: res.get(k) for k in KEEP}}
+        row["accept_length"] = row.get("accept_length") or server_accept_length(args.url)
+        rows.append(row)
+    else:
+        for name, extra in configurations(args, n_layers):
+            print(f"[{name}]", flush=True)
+            with server(args.model, extra, RESULTS / f"{name}.server.log", args.max_running) as (url, err):
+                if err:
+                    print(f"  not run: {err}", flush=True)
+                    rows.append({"config": name, "error": err})
+                    continue
+                try:
+                    res = run_bench(url, args.model, dataset, RESULTS / f"{name}.jsonl", args)
+                except Exception as e:  # keep going: the other configurations still count
+                    rows.append({"config": name, "error": str(e)[-300:]})
+                    continue
+                row = {"config": name, **{k: res.get(k) for k in KEEP}}
+                if "mtp_on" in name:
+                    row["accept_length"] = row.get("accept_length") or server_accept_length(url)
+                rows.append(row)
+                print("  " + json.dumps(row), flush=True)
+    write_summary(rows, meta)
+    print((RESULTS / "summary.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
