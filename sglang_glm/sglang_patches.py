@@ -102,7 +102,8 @@ def _refuse_sampled_verify_on_cpu(result, params, *args, **kwargs):
     if _spec_server_args() is None:
         return result
     greedy = params.temperature == 0 or params.top_k == 1
-    if not greedy:
+    samples_nothing = params.max_new_tokens == 0  # prompt scoring, e.g. the frontend's select
+    if not greedy and not samples_nothing:
         raise ValueError(
             "Speculative decoding (EAGLE/NEXTN MTP) on CPU verifies drafts greedily only: a request "
             f"with temperature={params.temperature} would silently get greedy tokens. Send "
