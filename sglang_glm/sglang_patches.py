@@ -26,16 +26,28 @@ def _no_cuda_capability():
         yield
 
 
-def _model_adjustments_without_gpu(original, server_args, *args, **kwargs):
-    from sglang.srt.arg_groups.model_override_base import resolving_view
+def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
+    """SGLang's model-specific server-arg defaults, made to fit GLM-DSA on CPU."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    user_kv_dtype = resolving_view(server_args).kv_cache_dtype
+    user = resolving_view(server_args)
+    user_kv_dtype, user_page = user.kv_cache_dtype, user.page_size
     with _no_cuda_capability():
         result = original(server_args, *args, **kwargs)
     # The DSA default turns "auto" into a GPU cache dtype; on CPU the cache keeps the model dtype.
     if user_kv_dtype == "auto":
         declare_resolution(server_args, "sglang_glm", kv_cache_dtype="auto")
+    # SGLang forces 64-token pages on DSA models, and refuses eagle topk > 1 with pages > 1 on any
+    # backend but flashinfer/fa3/triton; the CPU DSA backend serves page 1, so tree drafts get it.
+    topk = resolving_view(server_args).speculative_eagle_topk
+    if (
+        topk is not None
+        and topk > 1
+        and user_page in (None, 1)
+        and is_glm_dsa(model_config_of(server_args).hf_config)
+    ):
+        declare_resolution(server_args, "sglang_glm", page_size=1)
     return result
 
 
@@ -138,26 +150,6 @@ def _last_loc_in_torch(original, req_to_token, req_pool_indices, prefix_lens):
     return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
 
 
-def _tree_drafts_on_page_one(original, server_args, *args, **kwargs):
-    # SGLang forces 64-token pages on DSA models, and refuses eagle topk > 1 with pages > 1 on any
-    # backend but flashinfer/fa3/triton; the CPU DSA backend serves page 1, so tree drafts get it.
-    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
-    from sglang.srt.arg_groups.overrides import declare_resolution
-
-    view = resolving_view(server_args)
-    user_page = view.page_size
-    result = original(server_args, *args, **kwargs)
-    topk = resolving_view(server_args).speculative_eagle_topk
-    if (
-        topk is not None
-        and topk > 1
-        and user_page in (None, 1)
-        and is_glm_dsa(model_config_of(server_args).hf_config)
-    ):
-        declare_resolution(server_args, "sglang_glm", page_size=1)
-    return result
-
-
 def _plugin_kv_pool(original, configurator, *, kind, default):
     # SGLang picks the DSA pool by model, not by attention backend; the plugin's backends need the
     # plugin's pool (index keys in the model dtype, none for shared layers), SGLang's `dsa` its own.
@@ -229,7 +221,7 @@ def apply() -> None:
 
     HookRegistry.register(
         "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
-        _model_adjustments_without_gpu,
+        _glm_dsa_model_adjustments,
         HookType.AROUND,
     )
     HookRegistry.register(
@@ -244,11 +236,6 @@ def apply() -> None:
     )
     HookRegistry.register(
         "sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, HookType.AROUND
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
-        _tree_drafts_on_page_one,
-        HookType.AROUND,
     )
     HookRegistry.register(
         "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
