@@ -216,15 +216,16 @@ def write_summary(rows, meta):
              f"{meta['max_running']}. IndexCache on = plan `{meta['plan_on']}`, off = every layer full. "
              f"MTP = `{' '.join(MTP_ARGS)}`.", "",
              "| config | done | req/s | out tok/s | mean TTFT ms | p99 TTFT ms | mean TPOT ms | "
-             "p99 TPOT ms | accept len |", "|---|---|---|---|---|---|---|---|---|"]
+             "p99 TPOT ms | accept len | load avg |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['config']} | not run: {r['error'][:160]} | | | | | | | |")
+            lines.append(f"| {r['config']} | not run: {r['error'][:160]} | | | | | | | | |")
             continue
         f = lambda k, p=1: "" if r.get(k) is None else f"{r[k]:.{p}f}"  # noqa: E731
         lines.append(f"| {r['config']} | {r.get('completed')} | {f('request_throughput', 3)} | "
                      f"{f('output_throughput', 2)} | {f('mean_ttft_ms')} | {f('p99_ttft_ms')} | "
-                     f"{f('mean_tpot_ms')} | {f('p99_tpot_ms')} | {f('accept_length', 2)} |")
+                     f"{f('mean_tpot_ms')} | {f('p99_tpot_ms')} | {f('accept_length', 2)} | "
+                     f"{r.get('loadavg_1m_after', '')} |")
     if meta.get("note"):
         lines += ["", meta["note"]]
     (RESULTS / "summary.md").write_text("\n".join(lines) + "\n")
@@ -282,6 +283,7 @@ def main():
                     rows.append({"config": name, "error": str(e)[-300:]})
                     continue
                 row = {"config": name, **{k: res.get(k) for k in KEEP}}
+                row["loadavg_1m_after"] = round(os.getloadavg()[0], 1)  # shared machines: context
                 if "mtp_on" in name:
                     row["accept_length"] = row.get("accept_length") or server_accept_length(url)
                 rows.append(row)
