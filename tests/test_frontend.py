@@ -25,10 +25,10 @@ from serving import http_server
 
 pytestmark = pytest.mark.slow
 
-# MTP off: SGLang's `RuntimeEndpoint.select` first sends {"max_new_tokens": 0} with no temperature
-# (default 1.0), which the plugin refuses on CPU with MTP on (greedy-only verify). Flip to True once
-# requests that sample nothing are let through.
-MTP_ON = False
+# MTP on: the program runs against the server users start. SGLang's `RuntimeEndpoint.select` sends
+# {"max_new_tokens": 0} at temperature 1.0; it samples nothing, so the CPU greedy-verify refusal
+# lets it through.
+MTP_ON = True
 MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
