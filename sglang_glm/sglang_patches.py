@@ -1,7 +1,8 @@
 """Every change the plugin makes to SGLang internals that SGLang offers no registry for.
 
-Each patch goes through SGLang's own `HookRegistry`, says why in one line, and applies only where
-it is needed (the CPU path), so GPU deployments run SGLang's code unchanged.
+Each patch goes through SGLang's own `HookRegistry` and says why in one line. Two apply on every
+platform (the DSA KV pool follows the attention backend; requests that would crash SGLang's
+scheduler get a 400); the rest apply only on the CPU path, `apply()` shows which.
 """
 
 from __future__ import annotations
