@@ -12,17 +12,13 @@ exit whose output names the field. They run in parallel threads to keep CI time 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
 from sglang_glm.checkpoint import make_tiny_checkpoint
-from serving import free_port, http_server
+from serving import failed_launch, http_server
 
 pytestmark = pytest.mark.slow
 
@@ -280,34 +276,14 @@ LAUNCH_CASES = [c for c in BAD_LAUNCH if MTP_ON or not c.startswith("mtp")]
 LAUNCH_TIMEOUT = 420  # a start-up error comes after SGLang's imports: ~20 s idle, minutes when shared
 
 
-def launch_expecting_failure(model, *args, timeout):
-    """Output of a server start-up that should fail, or 'STARTED ...' if it is still up at timeout.
-
-    Own process group, ended as a whole on timeout (a server that starts would otherwise keep its
-    scheduler running).
-    """
-    cmd = [sys.executable, "-m", "sglang_glm.cpu_compat.launch_server", "--model-path", str(model),
-           "--host", "127.0.0.1", "--port", str(free_port()), "--device", "cpu", "--dtype", "float32",
-           "--disable-cuda-graph", "--max-total-tokens", "8192", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return f"STARTED (still running after {timeout}s): {out[-2000:]}"
-    if proc.returncode == 0:
-        return f"STARTED (exit 0): {out[-2000:]}"
-    return out
-
-
 @pytest.fixture(scope="module")
 def launch_outputs(ckpt):
     def run(case):
         args, _ = BAD_LAUNCH[case]
-        return launch_expecting_failure(ckpt, *args, timeout=LAUNCH_TIMEOUT)
+        try:
+            return failed_launch(ckpt, *args, timeout=LAUNCH_TIMEOUT)
+        except AssertionError as started:  # reported per case by the test below
+            return f"STARTED {started}"
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(zip(LAUNCH_CASES, pool.map(run, LAUNCH_CASES)))

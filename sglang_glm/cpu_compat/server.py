@@ -80,12 +80,20 @@ def cpu_server(model_path, *args: str, timeout: float = 300.0, log_path=None):
 def failed_launch(model_path, *args: str, timeout: float = 300.0) -> str:
     """Start a server expecting start-up to fail; returns its output.
 
-    A failed start-up makes SGLang kill its whole process tree, so it runs in a child process.
+    A failed start-up makes SGLang kill its whole process tree, so it runs in a child process
+    group; a server that starts after all is ended as a group and reported as an AssertionError.
     """
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         _command(model_path, free_port(), args),
-        capture_output=True, text=True, timeout=timeout, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"server still running after {timeout}s: {out[-2000:]}") from None
     if proc.returncode == 0:
-        raise AssertionError("server start-up was expected to fail")
-    return proc.stdout + proc.stderr
+        raise AssertionError(f"server start-up was expected to fail: {out[-2000:]}")
+    return out
