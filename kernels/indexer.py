@@ -19,6 +19,7 @@ so the fp32 logits workspace stays under max_logits_bytes.
 """
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,41 +35,56 @@ FP8_TOKEN_BYTES = HEAD_DIM + 4
 _DOT_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
 
 
+@dataclass(frozen=True)
+class IndexerConfig:
+    """Launch shapes; the defaults won the H200 sweep (benchmarks/kernels/sweep_run5.log)."""
+
+    block_n: int = 128  # keys per dot
+    keys_per_program: int = 1024  # keys one program scores (q and weights loaded once)
+    num_stages: int = 3
+    num_warps: int = 4
+    topk_chunk: int = 16384  # keys per top-k program (topk_select)
+    topk_block: int = 4096  # keys per top-k loop step
+
+
 @triton.jit
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
-    K_FP8: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    K_FP8: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
+    """One program scores KEYS_PER_PROGRAM keys of one query, BLOCK_N at a time (q loaded once)."""
     pid_n = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
-    j0 = pid_n * BLOCK_N
-    if j0 < n:
+    lo = pid_n * KEYS_PER_PROGRAM
+    if lo < n:
         h = tl.arange(0, 32)
         d = tl.arange(0, 128)
         q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :]).to(DOT_DTYPE)
         w = tl.load(w_ptr + t.to(tl.int64) * stride_wt + h)
-
-        pos = j0 + tl.arange(0, BLOCK_N)
-        valid = pos < n
         b = tl.load(query_req_ptr + t)
-        page = tl.load(page_table_ptr + b.to(tl.int64) * stride_pb + pos // 64, mask=valid, other=0).to(tl.int64)
-        slot = pos % 64
-        if K_FP8:
-            page_base = k_ptr + page * (64 * 132)
-            codes = tl.load(page_base[:, None] + slot[:, None] * 128 + d[None, :], mask=valid[:, None], other=0)
-            k = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)  # e4m3 is exact in bf16
-            scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (64 * 33) + 64 * 32 + slot,
-                            mask=valid, other=0.0)
-        else:
-            k = tl.load(k_ptr + (page * 64 + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
-            k = k.to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
-        score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
-        if K_FP8:
-            score = score * scale  # relu(q . k * scale) = scale * relu(q . k) for scale > 0
-        tl.store(logits_ptr + t.to(tl.int64) * stride_lt + pos, score, mask=valid)
+        pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
+        out_row = logits_ptr + t.to(tl.int64) * stride_lt
+        for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
+            pos = j0 + tl.arange(0, BLOCK_N)
+            valid = pos < n
+            page = tl.load(pages_row + pos // 64, mask=valid, other=0).to(tl.int64)
+            slot = pos % 64
+            if K_FP8:
+                codes_ptr = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page[:, None] * (64 * 132) + slot[:, None] * 128
+                k = tl.load(codes_ptr + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)  # exact in bf16
+                scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (64 * 33) + 64 * 32 + slot,
+                                mask=valid, other=0.0)
+            else:
+                k = tl.load(k_ptr + (page * 64 + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
+                k = k.to(DOT_DTYPE)
+            s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
+            score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
+            if K_FP8:
+                score = score * scale  # relu(q . k * scale) = scale * relu(q . k) for scale > 0
+            tl.store(out_row + pos, score, mask=valid)
 
 
 def _check_inputs(q, weights, k_cache, page_table, query_req, key_limit):
@@ -93,18 +109,20 @@ def indexer_logits(
     query_req: torch.Tensor,
     key_limit: torch.Tensor,
     logits: torch.Tensor,
-    block_n: int = 128,
+    config: IndexerConfig = IndexerConfig(),
 ) -> torch.Tensor:
     """Fill logits [T, >= max key_limit] fp32 at [t, 0:key_limit[t]]; the rest is left as is."""
     k_fp8 = _check_inputs(q, weights, k_cache, page_table, query_req, key_limit)
     T = q.shape[0]
     assert logits.dtype == torch.float32 and logits.shape[0] == T and logits.stride(-1) == 1
     if T:
-        grid = (triton.cdiv(logits.shape[1], block_n), T)
+        c = config
+        grid = (triton.cdiv(logits.shape[1], c.keys_per_program), T)
         _indexer_logits_kernel[grid](
             q, weights, k_cache, page_table, query_req, key_limit, logits,
             q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0),
-            K_FP8=k_fp8, BLOCK_N=block_n, DOT_DTYPE=_DOT_DTYPE, num_warps=4,
+            K_FP8=k_fp8, BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program, NUM_STAGES=c.num_stages,
+            DOT_DTYPE=_DOT_DTYPE, num_warps=c.num_warps,
         )
     return logits
 
@@ -119,6 +137,7 @@ def indexer_topk(
     topk: int,
     out: torch.Tensor | None = None,
     max_logits_bytes: int = 1 << 30,
+    config: IndexerConfig = IndexerConfig(),
 ) -> torch.Tensor:
     """Indexer scores + exact top-k -> logical positions [T, topk] int32 (-1 where fewer keys).
 
@@ -133,8 +152,8 @@ def indexer_topk(
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         lg = logits[: t1 - t0]
-        indexer_logits(q[t0:t1], weights[t0:t1], k_cache, page_table, query_req[t0:t1], key_limit[t0:t1], lg)
-        topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1])
+        indexer_logits(q[t0:t1], weights[t0:t1], k_cache, page_table, query_req[t0:t1], key_limit[t0:t1], lg, config)
+        topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1], chunk=config.topk_chunk, block=config.topk_block)
     return out
 
 
@@ -194,7 +213,7 @@ def indexer_flops(num_keys_total: int) -> int:
 
 
 __all__ = [
-    "indexer_logits", "indexer_topk", "quantize_index_k_fp8", "dequantize_index_k",
+    "IndexerConfig", "indexer_logits", "indexer_topk", "quantize_index_k_fp8", "dequantize_index_k",
     "indexer_logits_ref", "indexer_topk_ref", "indexer_bytes", "indexer_flops",
     "N_HEADS", "HEAD_DIM", "PAGE_SIZE", "FP8_TOKEN_BYTES",
 ]

@@ -39,51 +39,83 @@ class SparseMLAConfig:
     splits: int  # programs per query token along top-k
     num_warps: int
     num_stages: int
-    heads_on_n: bool = False  # transposed dots: gathered rows on the wgmma M side (small head counts)
+    prefetch: bool = False  # gather the next block into registers by hand (use with num_stages 1)
 
 
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweeps in benchmarks/kernels/RESULTS.md.
-
-    For gathered rows Triton keeps num_stages - 3 row buffers in flight (from the compiled IR)."""
+    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/sweep_run*.log)."""
     if num_heads > 16:
         # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM);
         # split top-k only below one wave: each split's partial costs 128 KB/token each way
         splits = 2 if num_tokens <= num_sms else 1
-        return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=2 if kv_fp8 else 4)
-    # 8/16 heads are bandwidth-bound: split top-k until about 2 programs per SM
-    splits = max(1, min(2 * num_sms // num_tokens, topk // 128))
+        return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=3 if kv_fp8 else 4)
+    # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 1 (FP8) programs per SM
+    programs_per_sm = 1 if kv_fp8 else 2
+    splits = max(1, min(programs_per_sm * num_sms // num_tokens, topk // 128))
     splits = 1 << (splits.bit_length() - 1)
     if kv_fp8:
-        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=4)
-    if splits > 1:
-        # short splits: gathered rows on the wgmma M side with two row buffers in flight
-        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=5, heads_on_n=True)
-    return SparseMLAConfig(16, 64, 1, num_warps=4, num_stages=4)
+        # Triton does not pipeline the e4m3 gather feeding a 16-row mma.sync: prefetch by hand
+        return SparseMLAConfig(16, 64, splits, num_warps=8, num_stages=1, prefetch=True)
+    return SparseMLAConfig(16, 64, splits, num_warps=4, num_stages=4)
 
 
 @triton.jit
-def _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr):
-    """Gather latent [BLOCK_N, 512] and rope [BLOCK_N, 64] of the given pool rows as bf16."""
-    rows64 = rows.to(tl.int64)
+def _latent_group(kv_ptr, rows64, valid, g: tl.constexpr, KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr):
+    """Latent columns [128 g, 128 g + 128) of the gathered rows as stored (bf16, or e4m3 codes),
+    and the group's per-row FP8 scale (1 for BF16 rows)."""
+    offs = rows64[:, None] * ROW_ELEMS + g * 128 + tl.arange(0, 128)[None, :]
     if KV_FP8:
-        base = kv_ptr + rows64[:, None] * ROW_ELEMS
-        raw = tl.load(base + d_v[None, :], mask=valid[:, None], other=0)
-        scale_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + rows64 * (ROW_ELEMS // 4) + 128
-        s0 = tl.load(scale_ptr, mask=valid, other=0.0)[:, None]
-        s1 = tl.load(scale_ptr + 1, mask=valid, other=0.0)[:, None]
-        s2 = tl.load(scale_ptr + 2, mask=valid, other=0.0)[:, None]
-        s3 = tl.load(scale_ptr + 3, mask=valid, other=0.0)[:, None]
-        group = d_v[None, :] // 128
-        scale = tl.where(group == 0, s0, tl.where(group == 1, s1, tl.where(group == 2, s2, s3)))
-        latent = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
-        rope_ptr = kv_ptr.to(tl.pointer_type(tl.bfloat16)) + rows64[:, None] * (ROW_ELEMS // 2) + 264
-        rope = tl.load(rope_ptr + d_r[None, :], mask=valid[:, None], other=0.0)
+        # loaded as e4m3 (not uint8 + bitcast) so Triton can pipeline the gather into shared memory
+        latent = tl.load(kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + offs, mask=valid[:, None], other=0.0)
+        scale_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + rows64 * (ROW_ELEMS // 4) + 128 + g
+        scale = tl.load(scale_ptr, mask=valid, other=0.0)
     else:
-        base = kv_ptr + rows64[:, None] * ROW_ELEMS
-        latent = tl.load(base + d_v[None, :], mask=valid[:, None], other=0.0)
-        rope = tl.load(base + 512 + d_r[None, :], mask=valid[:, None], other=0.0)
-    return latent, rope
+        latent = tl.load(kv_ptr + offs, mask=valid[:, None], other=0.0)
+        scale = tl.full(rows64.shape, 1.0, tl.float32)
+    return latent, scale
+
+
+@triton.jit
+def _block_rows(idx_row, k0, k_hi, BLOCK_N: tl.constexpr):
+    """Pool rows named by indices [k0, k0 + BLOCK_N) of this program's split, and which are real."""
+    pos = k0 + tl.arange(0, BLOCK_N)
+    rows = tl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+    valid = rows >= 0
+    return valid, tl.where(valid, rows, 0).to(tl.int64)
+
+
+@triton.jit
+def _gather_block(kv_ptr, valid, rows64, KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr):
+    """Latent groups (as stored), their FP8 scales and the rope part of the given pool rows."""
+    k0_, sc0 = _latent_group(kv_ptr, rows64, valid, 0, KV_FP8, ROW_ELEMS)
+    k1_, sc1 = _latent_group(kv_ptr, rows64, valid, 1, KV_FP8, ROW_ELEMS)
+    k2_, sc2 = _latent_group(kv_ptr, rows64, valid, 2, KV_FP8, ROW_ELEMS)
+    k3_, sc3 = _latent_group(kv_ptr, rows64, valid, 3, KV_FP8, ROW_ELEMS)
+    if KV_FP8:
+        rope_ptr = kv_ptr.to(tl.pointer_type(tl.bfloat16)) + rows64[:, None] * (ROW_ELEMS // 2) + 264
+    else:
+        rope_ptr = kv_ptr + rows64[:, None] * ROW_ELEMS + 512
+    rope = tl.load(rope_ptr + tl.arange(0, 64)[None, :], mask=valid[:, None], other=0.0)
+    return k0_, k1_, k2_, k3_, sc0, sc1, sc2, sc3, rope
+
+
+@triton.jit
+def _as_operand(latent, scale, KV_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    if KV_FP8:
+        latent = latent.to(tl.float32) * scale[:, None]
+    return latent.to(DOT_DTYPE)
+
+
+@triton.jit
+def _load_q_group(q_row, heads, head_ok, stride_qh, col0: tl.constexpr, width: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    c = col0 + tl.arange(0, width)
+    return tl.load(q_row + heads[:, None] * stride_qh + c[None, :], mask=head_ok[:, None], other=0.0).to(DOT_DTYPE)
+
+
+@triton.jit
+def _store_group(o_base, o_h, acc_g, inv_l, head_ok, col0: tl.constexpr, O_DTYPE: tl.constexpr):
+    c = col0 + tl.arange(0, 128)
+    tl.store(o_base + o_h[:, None] + c[None, :], (acc_g * inv_l[:, None]).to(O_DTYPE), mask=head_ok[:, None])
 
 
 @triton.jit
@@ -94,10 +126,11 @@ def _sparse_mla_fwd_kernel(
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_lt,
     KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr,
     SPLIT_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-    HEADS_ON_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    PREFETCH: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """HEADS_ON_N computes the transposed problem (S^T = K Q^T, O^T = V^T P^T): the gathered rows
-    are the M side of the dots, so 16 heads still fill Hopper's 64-row wgmma tiles."""
+    """The 512 latent columns are four groups of 128, each its own load, QK dot and PV
+    accumulator (on the H200 this reached 93% of the bandwidth floor at batch 256, one [rows, 512]
+    tile 73%). FP8 rows are dequantized (per-group scale) on their way to the dots."""
     # head block fastest: programs sharing a token's KV rows run side by side and hit L2
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -105,54 +138,58 @@ def _sparse_mla_fwd_kernel(
 
     heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
-    d_v = tl.arange(0, 512)
-    d_r = tl.arange(0, 64)
     q_row = q_ptr + t.to(tl.int64) * stride_qt
-    if HEADS_ON_N:
-        q_lat = tl.load(q_row + heads[None, :] * stride_qh + d_v[:, None], mask=head_ok[None, :], other=0.0)
-        q_rope = tl.load(q_row + heads[None, :] * stride_qh + 512 + d_r[:, None], mask=head_ok[None, :], other=0.0)
-        acc = tl.zeros([512, BLOCK_H], tl.float32)
-    else:
-        q_lat = tl.load(q_row + heads[:, None] * stride_qh + d_v[None, :], mask=head_ok[:, None], other=0.0)
-        q_rope = tl.load(q_row + heads[:, None] * stride_qh + 512 + d_r[None, :], mask=head_ok[:, None], other=0.0)
-        acc = tl.zeros([BLOCK_H, 512], tl.float32)
-    q_lat = q_lat.to(DOT_DTYPE)
-    q_rope = q_rope.to(DOT_DTYPE)
+    q0 = _load_q_group(q_row, heads, head_ok, stride_qh, 0, 128, DOT_DTYPE)
+    q1 = _load_q_group(q_row, heads, head_ok, stride_qh, 128, 128, DOT_DTYPE)
+    q2 = _load_q_group(q_row, heads, head_ok, stride_qh, 256, 128, DOT_DTYPE)
+    q3 = _load_q_group(q_row, heads, head_ok, stride_qh, 384, 128, DOT_DTYPE)
+    q_rope = _load_q_group(q_row, heads, head_ok, stride_qh, 512, 64, DOT_DTYPE)
+    acc0 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, 128], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, 128], tl.float32)
     # finite start so fully masked blocks give alpha = 1, p = 0 instead of NaN
     m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
 
     k_lo = pid_s * split_len
     k_hi = tl.minimum(k_lo + split_len, topk)
-    n = tl.arange(0, BLOCK_N)
     idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    if PREFETCH:
+        # register double buffer: block i + 1's rows are gathered and block i + 2's indices read
+        # while block i computes
+        valid_n, rows_n = _block_rows(idx_row, k_lo, k_hi, BLOCK_N)
+        n0, n1, n2, n3, ns0, ns1, ns2, ns3, rope_n = _gather_block(kv_ptr, valid_n, rows_n, KV_FP8, ROW_ELEMS)
+        valid_nn, rows_nn = _block_rows(idx_row, k_lo + BLOCK_N, k_hi, BLOCK_N)
     for k0 in tl.range(k_lo, k_hi, BLOCK_N, num_stages=NUM_STAGES):
-        pos = k0 + n
-        rows = tl.load(idx_row + pos, mask=pos < k_hi, other=-1)
-        valid = rows >= 0
-        rows = tl.where(valid, rows, 0)
-        latent, rope = _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8, ROW_ELEMS)
-        latent = latent.to(DOT_DTYPE)
-        rope = rope.to(DOT_DTYPE)
-        if HEADS_ON_N:
-            s = tl.dot(latent, q_lat)  # [BLOCK_N, BLOCK_H]
-            s = tl.dot(rope, q_rope, s)
-            s = tl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc = tl.dot(tl.trans(latent), p.to(DOT_DTYPE), acc * alpha[None, :])
+        if PREFETCH:
+            valid, k0_, k1_, k2_, k3_, sc0, sc1, sc2, sc3, rope = valid_n, n0, n1, n2, n3, ns0, ns1, ns2, ns3, rope_n
+            valid_n, rows_n = valid_nn, rows_nn
+            n0, n1, n2, n3, ns0, ns1, ns2, ns3, rope_n = _gather_block(kv_ptr, valid_n, rows_n, KV_FP8, ROW_ELEMS)
+            valid_nn, rows_nn = _block_rows(idx_row, k0 + 2 * BLOCK_N, k_hi, BLOCK_N)
         else:
-            s = tl.dot(q_lat, tl.trans(latent))  # [BLOCK_H, BLOCK_N]
-            s = tl.dot(q_rope, tl.trans(rope), s)
-            s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(DOT_DTYPE), latent, acc * alpha[:, None])
+            valid, rows64 = _block_rows(idx_row, k0, k_hi, BLOCK_N)
+            k0_, k1_, k2_, k3_, sc0, sc1, sc2, sc3, rope = _gather_block(kv_ptr, valid, rows64, KV_FP8, ROW_ELEMS)
+        k0_ = _as_operand(k0_, sc0, KV_FP8, DOT_DTYPE)
+        k1_ = _as_operand(k1_, sc1, KV_FP8, DOT_DTYPE)
+        k2_ = _as_operand(k2_, sc2, KV_FP8, DOT_DTYPE)
+        k3_ = _as_operand(k3_, sc3, KV_FP8, DOT_DTYPE)
+        s = tl.dot(q_rope, tl.trans(rope.to(DOT_DTYPE)))  # [BLOCK_H, BLOCK_N]
+        s = tl.dot(q0, tl.trans(k0_), s)
+        s = tl.dot(q1, tl.trans(k1_), s)
+        s = tl.dot(q2, tl.trans(k2_), s)
+        s = tl.dot(q3, tl.trans(k3_), s)
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
+        p = p.to(DOT_DTYPE)
+        acc0 = tl.dot(p, k0_, acc0 * alpha[:, None])
+        acc1 = tl.dot(p, k1_, acc1 * alpha[:, None])
+        acc2 = tl.dot(p, k2_, acc2 * alpha[:, None])
+        acc3 = tl.dot(p, k3_, acc3 * alpha[:, None])
 
     has_key = l_i > 0.0
     inv_l = 1.0 / tl.where(has_key, l_i, 1.0)
@@ -168,10 +205,10 @@ def _sparse_mla_fwd_kernel(
         o_h = heads * stride_oh
         o_dtype: tl.constexpr = tl.bfloat16
         tl.store(lse_ptr + t.to(tl.int64) * stride_lt + heads, lse_log2 * 0.6931471805599453, mask=head_ok)
-    if HEADS_ON_N:
-        tl.store(o_base + o_h[None, :] + d_v[:, None], (acc * inv_l[None, :]).to(o_dtype), mask=head_ok[None, :])
-    else:
-        tl.store(o_base + o_h[:, None] + d_v[None, :], (acc * inv_l[:, None]).to(o_dtype), mask=head_ok[:, None])
+    _store_group(o_base, o_h, acc0, inv_l, head_ok, 0, o_dtype)
+    _store_group(o_base, o_h, acc1, inv_l, head_ok, 128, o_dtype)
+    _store_group(o_base, o_h, acc2, inv_l, head_ok, 256, o_dtype)
+    _store_group(o_base, o_h, acc3, inv_l, head_ok, 384, o_dtype)
 
 
 @triton.jit
@@ -250,7 +287,7 @@ def sparse_mla_fwd(
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
         SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
-        HEADS_ON_N=config.heads_on_n, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
+        PREFETCH=config.prefetch, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
     )
     if splits > 1:
         _merge_splits_kernel[(H, T)](

@@ -47,9 +47,12 @@ def _threshold(hist_row, n, topk, num_passes):
 @triton.jit
 def _digit_histogram_kernel(
     logits_ptr, key_limit_ptr, hist_ptr, stride_lt, topk, num_pass,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, MATCHES_FEW: tl.constexpr,
 ):
-    """hist[t, num_pass] += histogram of digit num_pass over keys matching the known prefix."""
+    """hist[t, num_pass] += histogram of digit num_pass over keys matching the known prefix.
+
+    After the first pass only the keys sharing the k-th key's leading digits match (a few
+    percent): MATCHES_FEW counts them with one global atomic each instead of a block histogram."""
     c = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
@@ -66,10 +69,16 @@ def _digit_histogram_kernel(
             valid = pos < n
             key = _ordered_key(tl.load(row + pos, mask=valid, other=0.0))
             match = valid & ((key & prefix_mask) == thr)
-            # non-matching keys land in bin 256, outside the 256 digit bins
-            digit = tl.where(match, (key >> shift) & 255, 256).to(tl.int32)
-            local += tl.histogram(digit, 512)
-        tl.atomic_add(hist_row + num_pass * 256 + bins, local, mask=(bins < 256) & (local > 0), sem="relaxed")
+            if MATCHES_FEW:
+                digit = ((key >> shift) & 255).to(tl.int32)
+                tl.atomic_add(hist_row + num_pass * 256 + digit, tl.full([BLOCK], 1, tl.int32), mask=match,
+                              sem="relaxed")
+            else:
+                # non-matching keys land in bin 256, outside the 256 digit bins
+                digit = tl.where(match, (key >> shift) & 255, 256).to(tl.int32)
+                local += tl.histogram(digit, 512)
+        if not MATCHES_FEW:
+            tl.atomic_add(hist_row + num_pass * 256 + bins, local, mask=(bins < 256) & (local > 0), sem="relaxed")
 
 
 @triton.jit
@@ -138,7 +147,8 @@ def topk_positions(
     key_limit: torch.Tensor,
     topk: int,
     out: torch.Tensor | None = None,
-    chunk: int = 4096,
+    chunk: int = 16384,
+    block: int = 4096,
 ) -> torch.Tensor:
     """logits [T, >= max key_limit] fp32, key_limit [T] int32 -> positions [T, topk] int32."""
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
@@ -149,21 +159,23 @@ def topk_positions(
     assert out.shape == (T, topk) and out.stride(-1) == 1
     if T == 0:
         return out
-    block = min(chunk, 2048)
+    block = min(chunk, block)
     num_chunks = triton.cdiv(width, chunk)
     hist = torch.zeros(T, 4, 256, dtype=torch.int32, device=logits.device)
     counts = torch.empty(T, num_chunks, 2, dtype=torch.int32, device=logits.device)
     grid = (num_chunks, T)
+    warps = max(4, min(8, block // 512))
     for num_pass in range(4):
         _digit_histogram_kernel[grid](
-            logits, key_limit, hist, logits.stride(0), topk, num_pass, CHUNK=chunk, BLOCK=block, num_warps=4
+            logits, key_limit, hist, logits.stride(0), topk, num_pass, CHUNK=chunk, BLOCK=block,
+            MATCHES_FEW=num_pass > 0, num_warps=warps,
         )
     _chunk_counts_kernel[grid](
-        logits, key_limit, hist, counts, logits.stride(0), topk, num_chunks, CHUNK=chunk, BLOCK=block, num_warps=4
+        logits, key_limit, hist, counts, logits.stride(0), topk, num_chunks, CHUNK=chunk, BLOCK=block, num_warps=warps
     )
     _compact_kernel[grid](
         logits, key_limit, hist, counts, out, logits.stride(0), out.stride(0), topk, num_chunks,
-        CHUNK=chunk, BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(num_chunks), num_warps=4,
+        CHUNK=chunk, BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(num_chunks), num_warps=warps,
     )
     return out
 

@@ -3,7 +3,7 @@ against the roofline (both ceilings measured in this run) and against SGLang 0.5
 sparse-MLA kernels (copied, git-ignored, into third_party_baselines/).
 
   mkdir -p /tmp/p && ln -s $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
-  python3 benchmarks/kernels/bench_kernels.py --out-dir OUT [--sweep]
+  python3 benchmarks/kernels/bench_kernels.py --out-dir OUT   (launch shapes: sweep.py)
 
 Writes results.json, results.md and roofline.png into --out-dir (default: beside this script).
 `--plot-only results.json` redraws the PNG where matplotlib exists.
@@ -172,41 +172,6 @@ def correctness(kv_bf16, kv_fp8):
 
 
 # ------------------------------------------------------------------ sparse MLA
-def sweep(kv_bf16, kv_fp8, ceil):
-    """Time candidate launch shapes (screened offline for spills and shared memory) per problem."""
-    from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd
-
-    scale = 576**-0.5
-    small_heads = {  # (block_h, block_n, num_warps, num_stages, heads_on_n)
-        "bf16": [(16, 32, 4, 5, True), (16, 32, 8, 5, True), (16, 64, 4, 4, True), (16, 64, 8, 4, True)],
-        "fp8": [(16, 32, 4, 5, True), (16, 32, 8, 5, True), (16, 32, 4, 4, False)],
-    }
-    all_heads = {
-        "bf16": [(64, 32, 8, 4, False), (64, 32, 8, 5, False), (64, 64, 8, 4, False)],
-        "fp8": [(64, 32, 8, 5, False), (64, 64, 8, 2, False)],
-    }
-    for fmt, kv, row_bytes in (("bf16", kv_bf16, 1152), ("fp8", kv_fp8, 656)):
-        for T, H in ((64, 16), (256, 16), (64, 64), (256, 64), (4096, 64)):
-            q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
-            nbytes, flops = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
-            floor = max(nbytes / ceil[0], flops / ceil[1])
-            res = []
-            for bh, bn, nw, ns, hon in (small_heads if H <= 16 else all_heads)[fmt]:
-                for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
-                    programs = T * sp * (H // bh)
-                    if sp > 1 and programs > 4 * 132:
-                        continue
-                    cfg = SparseMLAConfig(bh, bn, sp, nw, ns, hon)
-                    try:
-                        t = bench(lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), rep=20)
-                    except Exception as exc:  # out of shared memory etc.
-                        log(f"  sweep {fmt} T={T} H={H} {cfg}: {type(exc).__name__}")
-                        continue
-                    res.append((t, cfg))
-            res.sort(key=lambda x: x[0])
-            log(f"sweep {fmt} T={T} H={H}: " + "; ".join(f"{t * 1e6:.1f}us {100 * floor / t:.0f}% {c}" for t, c in res))
-
-
 def mla_decode_tables(kv_bf16, kv_fp8, ceil):
     from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
 
@@ -395,7 +360,6 @@ def plot(json_path, png_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, default=HERE)
-    ap.add_argument("--sweep", action="store_true", help="also sweep sparse-MLA launch configs")
     ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache,sglang-prefill "
                     "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)
@@ -423,8 +387,6 @@ def main():
     t0 = time.time()
     sections = [("check", lambda: correctness(kv_bf16, kv_fp8)), ("decode", lambda: mla_decode_tables(kv_bf16, kv_fp8, ceil)),
                 ("indexer", lambda: indexer_tables(ceil)), ("indexcache", lambda: indexcache_tables(kv_fp8, ceil))]
-    if args.sweep:
-        sections.append(("sweep", lambda: sweep(kv_bf16, kv_fp8, ceil)))
     for name, run in sections:
         if name in skip:
             continue

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from glm_dsa_kernels.indexer import indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
+from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
 from glm_dsa_kernels.sparse_mla import SparseMLAConfig, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref
 from glm_dsa_kernels.topk_compact import (
     compact_topk_rows,
@@ -34,10 +34,12 @@ def _rel(a, b):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv_fp8", [False, True])
-@pytest.mark.parametrize("heads,splits,heads_on_n", [(8, 1, True), (16, 2, True), (16, 2, False), (64, 1, False), (64, 4, False)])
-def test_sparse_mla(device, kv_fp8, heads, splits, heads_on_n):
+@pytest.mark.parametrize(
+    "heads,splits,prefetch", [(8, 1, False), (16, 2, False), (16, 3, True), (16, 1, True), (64, 1, False), (64, 4, False)]
+)
+def test_sparse_mla(device, kv_fp8, heads, splits, prefetch):
     dev = _dev(device)
-    torch.manual_seed(100 + heads + splits + kv_fp8 + 7 * heads_on_n)
+    torch.manual_seed(100 + heads + splits + kv_fp8 + 13 * prefetch)
     T, P, topk = (7, 3000, 512) if device == "cuda" else (3, 300, 96)
     if device == "interp" and heads == 64:
         pytest.skip("64-head programs are too slow to interpret; the 16-head cases cover the code path")
@@ -52,7 +54,8 @@ def test_sparse_mla(device, kv_fp8, heads, splits, heads_on_n):
     out = torch.full((T, heads, 512), float("nan"), device=dev).bfloat16()
     lse = torch.full((T, heads), float("nan"), device=dev)
     block_h = 64 if heads >= 64 else 16
-    cfg = SparseMLAConfig(block_h, 16 if device == "interp" else 32, splits, 8 if block_h == 64 else 4, 2, heads_on_n)
+    cfg = SparseMLAConfig(block_h, 16 if device == "interp" else 32, splits, 8 if block_h == 64 or prefetch else 4,
+                          1 if prefetch else 2, prefetch)
     sparse_mla_fwd(q, kv, idx, 576**-0.5, out=out, lse=lse, config=cfg)
     ref_out, ref_lse = sparse_mla_fwd_ref(q, kv, idx, 576**-0.5)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -78,7 +81,10 @@ def test_sparse_mla_default_config(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k_fp8", [False, True])
-def test_indexer(device, k_fp8):
+@pytest.mark.parametrize("config", [
+    IndexerConfig(), IndexerConfig(block_n=64, keys_per_program=128, num_stages=2),
+])
+def test_indexer(device, k_fp8, config):
     dev = _dev(device)
     torch.manual_seed(7 + k_fp8)
     B, max_pages, num_pages, topk = (4, 40, 200, 512) if device == "cuda" else (3, 5, 20, 64)
@@ -92,14 +98,14 @@ def test_indexer(device, k_fp8):
     q = torch.randn(T, 32, 128, device=dev).bfloat16()
     w = torch.randn(T, 32, device=dev) * 128**-0.5
     logits = torch.full((T, max_pages * 64), float("nan"), device=dev)
-    indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits)
+    indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=config)
     ref = indexer_logits_ref(q, w, k_cache, page_table, query_req, key_limit)
     valid = ref.isfinite()
     assert not logits[valid].isnan().any()
     assert _rel(logits[valid], ref[valid]) < 1e-5
     # on the GPU the logits workspace holds 3 queries, so the query-chunk loop runs too
     workspace = 4 * 64 * max_pages * (3 if device == "cuda" else T)
-    got = indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, max_logits_bytes=workspace)
+    got = indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, max_logits_bytes=workspace, config=config)
     # exact on the kernel's own fp32 logits (tie rule included) ...
     want = topk_positions_ref(logits.masked_fill(~valid, float("-inf")).cpu(), key_limit.cpu(), topk)
     assert torch.equal(got.cpu(), want)
@@ -114,7 +120,8 @@ def test_indexer(device, k_fp8):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_topk_select_ties(device):
+@pytest.mark.parametrize("chunk,block", [(1024, 1024), (2048, 512)])
+def test_topk_select_ties(device, chunk, block):
     dev = _dev(device)
     W = 20000 if device == "cuda" else 3000
     logits = torch.randn(6, W, device=dev)
@@ -123,7 +130,7 @@ def test_topk_select_ties(device):
     logits[3, ::2] = -0.0
     logits[3, 1::2] = 0.0
     key_limit = torch.tensor([W, W - 7, 2049, W // 2, 17, 300], dtype=torch.int32, device=dev)
-    got = topk_positions(logits, key_limit, 300, chunk=1024)
+    got = topk_positions(logits, key_limit, 300, chunk=chunk, block=block)
     assert torch.equal(got.cpu(), topk_positions_ref(logits.cpu(), key_limit.cpu(), 300))
 
 

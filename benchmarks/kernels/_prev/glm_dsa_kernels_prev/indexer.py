@@ -1,0 +1,200 @@
+"""Lightning indexer (DSA): per-key scores over the paged index-K cache, then exact top-k.
+
+  q          [T, 32, 128] bf16        indexer queries (after RoPE)
+  weights    [T, 32] fp32             per-head weights, ALREADY including every scale the caller
+                                      wants (GLM-DSA: weights_proj(x) * n_heads^-0.5 * head_dim^-0.5)
+  k_cache    paged index-K cache, 64 tokens a page, either
+               BF16  [num_pages, 64, 128]
+               FP8   uint8 [num_pages, 64 * 132]: the page's 64 x 128 e4m3 bytes (token-major),
+                     then its 64 fp32 scales (k = code * scale), 132 bytes a token
+  page_table [B, max_pages] int32     request b's logical page i lives at k_cache[page_table[b, i]]
+  query_req  [T] int32                request of query token t
+  key_limit  [T] int32                query t sees its request's keys at positions [0, key_limit[t])
+
+  score[t, j] = sum_h weights[t, h] * relu(q[t, h] . k_j)
+
+indexer_topk returns logical positions [T, topk] int32 (topk_select's rule: ties -> lower
+position, ascending position order, -1 padding). Long prefill chunks are cut into query chunks
+so the fp32 logits workspace stays under max_logits_bytes.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .topk_select import topk_positions, topk_positions_ref
+
+N_HEADS = 32
+HEAD_DIM = 128
+PAGE_SIZE = 64
+FP8_TOKEN_BYTES = HEAD_DIM + 4
+# TRITON_INTERPRET=1 (triton 3.8, CPU) mis-multiplies bf16 tl.dot operands; interpret in fp32
+_DOT_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+
+
+@triton.jit
+def _indexer_logits_kernel(
+    q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
+    stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
+    K_FP8: tl.constexpr, BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    t = tl.program_id(1)
+    n = tl.load(key_limit_ptr + t)
+    j0 = pid_n * BLOCK_N
+    if j0 < n:
+        h = tl.arange(0, 32)
+        d = tl.arange(0, 128)
+        q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :]).to(DOT_DTYPE)
+        w = tl.load(w_ptr + t.to(tl.int64) * stride_wt + h)
+
+        pos = j0 + tl.arange(0, BLOCK_N)
+        valid = pos < n
+        b = tl.load(query_req_ptr + t)
+        page = tl.load(page_table_ptr + b.to(tl.int64) * stride_pb + pos // 64, mask=valid, other=0).to(tl.int64)
+        slot = pos % 64
+        if K_FP8:
+            page_base = k_ptr + page * (64 * 132)
+            codes = tl.load(page_base[:, None] + slot[:, None] * 128 + d[None, :], mask=valid[:, None], other=0)
+            k = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)  # e4m3 is exact in bf16
+            scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (64 * 33) + 64 * 32 + slot,
+                            mask=valid, other=0.0)
+        else:
+            k = tl.load(k_ptr + (page * 64 + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
+            k = k.to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
+        score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
+        if K_FP8:
+            score = score * scale  # relu(q . k * scale) = scale * relu(q . k) for scale > 0
+        tl.store(logits_ptr + t.to(tl.int64) * stride_lt + pos, score, mask=valid)
+
+
+def _check_inputs(q, weights, k_cache, page_table, query_req, key_limit):
+    assert q.dtype == torch.bfloat16 and q.shape[1:] == (N_HEADS, HEAD_DIM) and q.stride(-1) == 1
+    assert weights.dtype == torch.float32 and weights.shape == q.shape[:2] and weights.stride(-1) == 1
+    assert page_table.dtype == torch.int32 and page_table.stride(-1) == 1
+    assert query_req.dtype == torch.int32 and key_limit.dtype == torch.int32
+    k_fp8 = k_cache.dtype == torch.uint8
+    if k_fp8:
+        assert k_cache.dim() == 2 and k_cache.shape[1] == PAGE_SIZE * FP8_TOKEN_BYTES and k_cache.is_contiguous()
+    else:
+        assert k_cache.dtype == torch.bfloat16 and k_cache.shape[1:] == (PAGE_SIZE, HEAD_DIM)
+        assert k_cache.is_contiguous()
+    return k_fp8
+
+
+def indexer_logits(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    query_req: torch.Tensor,
+    key_limit: torch.Tensor,
+    logits: torch.Tensor,
+    block_n: int = 128,
+) -> torch.Tensor:
+    """Fill logits [T, >= max key_limit] fp32 at [t, 0:key_limit[t]]; the rest is left as is."""
+    k_fp8 = _check_inputs(q, weights, k_cache, page_table, query_req, key_limit)
+    T = q.shape[0]
+    assert logits.dtype == torch.float32 and logits.shape[0] == T and logits.stride(-1) == 1
+    if T:
+        grid = (triton.cdiv(logits.shape[1], block_n), T)
+        _indexer_logits_kernel[grid](
+            q, weights, k_cache, page_table, query_req, key_limit, logits,
+            q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0),
+            K_FP8=k_fp8, BLOCK_N=block_n, DOT_DTYPE=_DOT_DTYPE, num_warps=4,
+        )
+    return logits
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    query_req: torch.Tensor,
+    key_limit: torch.Tensor,
+    topk: int,
+    out: torch.Tensor | None = None,
+    max_logits_bytes: int = 1 << 30,
+) -> torch.Tensor:
+    """Indexer scores + exact top-k -> logical positions [T, topk] int32 (-1 where fewer keys).
+
+    Keys are read up to the page table's width (max_pages * 64): no host sync on key_limit.
+    """
+    T = q.shape[0]
+    width = page_table.shape[1] * PAGE_SIZE
+    if out is None:
+        out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
+    chunk = max(1, min(T, max_logits_bytes // (4 * width)))
+    logits = torch.empty(chunk, width, dtype=torch.float32, device=q.device)
+    for t0 in range(0, T, chunk):
+        t1 = min(T, t0 + chunk)
+        lg = logits[: t1 - t0]
+        indexer_logits(q[t0:t1], weights[t0:t1], k_cache, page_table, query_req[t0:t1], key_limit[t0:t1], lg)
+        topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 layout and plain-PyTorch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def quantize_index_k_fp8(k: torch.Tensor) -> torch.Tensor:
+    """BF16 pages [num_pages, 64, 128] -> FP8 pages uint8 [num_pages, 64 * 132] (per-token absmax)."""
+    num_pages = k.shape[0]
+    kf = k.float()
+    scale = kf.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
+    codes = (kf / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    out = torch.empty(num_pages, PAGE_SIZE * FP8_TOKEN_BYTES, dtype=torch.uint8, device=k.device)
+    out[:, : PAGE_SIZE * HEAD_DIM] = codes.reshape(num_pages, -1)
+    out[:, PAGE_SIZE * HEAD_DIM :] = scale.contiguous().view(torch.uint8).reshape(num_pages, -1)
+    return out
+
+
+def dequantize_index_k(k_cache: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Either cache layout -> [num_pages, 64, 128] in dtype."""
+    if k_cache.dtype != torch.uint8:
+        return k_cache.to(dtype)
+    num_pages = k_cache.shape[0]
+    codes = k_cache[:, : PAGE_SIZE * HEAD_DIM].contiguous().view(torch.float8_e4m3fn).to(dtype)
+    scale = k_cache[:, PAGE_SIZE * HEAD_DIM :].contiguous().view(torch.float32).to(dtype)
+    return codes.view(num_pages, PAGE_SIZE, HEAD_DIM) * scale[..., None]
+
+
+def indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, compute_dtype=torch.float64):
+    """Scores [T, max_pages * 64] in compute_dtype; -inf at positions >= key_limit[t]."""
+    k = dequantize_index_k(k_cache, compute_dtype)
+    width = page_table.shape[1] * PAGE_SIZE
+    pos = torch.arange(width, device=q.device)
+    pages = page_table[query_req.long()].long()  # [T, max_pages]
+    keys = k[pages].reshape(q.shape[0], width, HEAD_DIM)  # [T, width, 128]
+    s = torch.einsum("thd,tjd->thj", q.to(compute_dtype), keys).clamp(min=0)
+    score = torch.einsum("thj,th->tj", s, weights.to(compute_dtype))
+    return score.masked_fill(pos[None, :] >= key_limit[:, None], float("-inf"))
+
+
+def indexer_topk_ref(q, weights, k_cache, page_table, query_req, key_limit, topk, compute_dtype=torch.float64):
+    """Reference top-k positions [T, topk] int32 from indexer_logits_ref (same rule as the kernel)."""
+    logits = indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, compute_dtype)
+    return topk_positions_ref(logits, key_limit, topk)
+
+
+def indexer_bytes(num_keys_total: int, num_queries: int, topk: int, k_token_bytes: int = FP8_TOKEN_BYTES) -> int:
+    """Roofline bytes as the issue counts them: keys x token bytes + q + weights + indices out."""
+    return num_keys_total * k_token_bytes + num_queries * (N_HEADS * HEAD_DIM * 2 + N_HEADS * 4 + topk * 4)
+
+
+def indexer_flops(num_keys_total: int) -> int:
+    """2 x 32 x 128 per (query, key) pair for the dot, plus relu/weight/sum (counted as 3 x 32)."""
+    return num_keys_total * N_HEADS * (2 * HEAD_DIM + 3)
+
+
+__all__ = [
+    "indexer_logits", "indexer_topk", "quantize_index_k_fp8", "dequantize_index_k",
+    "indexer_logits_ref", "indexer_topk_ref", "indexer_bytes", "indexer_flops",
+    "N_HEADS", "HEAD_DIM", "PAGE_SIZE", "FP8_TOKEN_BYTES",
+]

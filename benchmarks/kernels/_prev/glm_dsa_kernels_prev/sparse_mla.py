@@ -1,0 +1,324 @@
+"""Sparse MLA forward over top-k indices (absorbed MLA, DeepSeek sparse attention).
+
+Shapes (GLM-5.2 per tensor-parallel rank: 8, 16 or 64 heads, top-k 2048):
+  q        [T, H, 576] bf16   T query tokens: decode batch x 1..16 tokens flattened, or a prefill chunk
+  kv       flat pool of token rows, either
+             BF16 [P, 576]: 512 latent + 64 rope; the value is the latent (first 512 columns)
+             FP8  uint8 [P, 656]: FlashMLA layout, 512 e4m3 latent bytes, 4 fp32 scales
+                  (one per 128 latent columns), 64 bf16 rope values
+  indices  [T, topk] int32 pool rows, -1 = masked
+  out      [T, H, 512] bf16, lse [T, H] fp32 (natural log). A row with no valid index gives
+           out 0 and lse -inf.
+
+One program owns BLOCK_H heads of one query token and one split of its index list, so every
+gathered KV row is shared by BLOCK_H heads ([BLOCK_H, 576] x [576, BLOCK_N] dots, online
+softmax). Splits > 1 write partial (out, lse) that a second kernel merges.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+D_QK = 576
+D_V = 512
+D_ROPE = D_QK - D_V
+FP8_ROW_BYTES = 656
+_FP8_GROUP = 128
+_LOG2E = 1.4426950408889634
+# TRITON_INTERPRET=1 (triton 3.8, CPU) mis-multiplies bf16 tl.dot operands; interpret in fp32
+_DOT_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+
+
+@dataclass(frozen=True)
+class SparseMLAConfig:
+    block_h: int  # heads per program (>= 16: tl.dot needs M >= 16)
+    block_n: int  # gathered KV rows per step
+    splits: int  # programs per query token along top-k
+    num_warps: int
+    num_stages: int
+    heads_on_n: bool = False  # transposed dots: gathered rows on the wgmma M side (small head counts)
+
+
+def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
+    """Launch shape for a problem, from the H200 sweeps in benchmarks/kernels/RESULTS.md.
+
+    For gathered rows Triton keeps num_stages - 3 row buffers in flight (from the compiled IR)."""
+    if num_heads > 16:
+        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM);
+        # split top-k only below one wave: each split's partial costs 128 KB/token each way
+        splits = 2 if num_tokens <= num_sms else 1
+        return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=2 if kv_fp8 else 4)
+    # 8/16 heads are bandwidth-bound: split top-k until about 2 programs per SM
+    splits = max(1, min(2 * num_sms // num_tokens, topk // 128))
+    splits = 1 << (splits.bit_length() - 1)
+    if kv_fp8:
+        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=4)
+    if splits > 1:
+        # short splits: gathered rows on the wgmma M side with two row buffers in flight
+        return SparseMLAConfig(16, 32, splits, num_warps=4, num_stages=5, heads_on_n=True)
+    return SparseMLAConfig(16, 64, 1, num_warps=4, num_stages=4)
+
+
+@triton.jit
+def _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr):
+    """Gather latent [BLOCK_N, 512] and rope [BLOCK_N, 64] of the given pool rows as bf16."""
+    rows64 = rows.to(tl.int64)
+    if KV_FP8:
+        base = kv_ptr + rows64[:, None] * ROW_ELEMS
+        raw = tl.load(base + d_v[None, :], mask=valid[:, None], other=0)
+        scale_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + rows64 * (ROW_ELEMS // 4) + 128
+        s0 = tl.load(scale_ptr, mask=valid, other=0.0)[:, None]
+        s1 = tl.load(scale_ptr + 1, mask=valid, other=0.0)[:, None]
+        s2 = tl.load(scale_ptr + 2, mask=valid, other=0.0)[:, None]
+        s3 = tl.load(scale_ptr + 3, mask=valid, other=0.0)[:, None]
+        group = d_v[None, :] // 128
+        scale = tl.where(group == 0, s0, tl.where(group == 1, s1, tl.where(group == 2, s2, s3)))
+        latent = (raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * scale).to(tl.bfloat16)
+        rope_ptr = kv_ptr.to(tl.pointer_type(tl.bfloat16)) + rows64[:, None] * (ROW_ELEMS // 2) + 264
+        rope = tl.load(rope_ptr + d_r[None, :], mask=valid[:, None], other=0.0)
+    else:
+        base = kv_ptr + rows64[:, None] * ROW_ELEMS
+        latent = tl.load(base + d_v[None, :], mask=valid[:, None], other=0.0)
+        rope = tl.load(base + 512 + d_r[None, :], mask=valid[:, None], other=0.0)
+    return latent, rope
+
+
+@triton.jit
+def _sparse_mla_fwd_kernel(
+    q_ptr, kv_ptr, idx_ptr, out_ptr, lse_ptr, part_out_ptr, part_lse_ptr,
+    qk_scale_log2,
+    num_heads, topk, split_len, splits,
+    stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_lt,
+    KV_FP8: tl.constexpr, ROW_ELEMS: tl.constexpr,
+    SPLIT_OUT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    HEADS_ON_N: tl.constexpr, DOT_DTYPE: tl.constexpr,
+):
+    """HEADS_ON_N computes the transposed problem (S^T = K Q^T, O^T = V^T P^T): the gathered rows
+    are the M side of the dots, so 16 heads still fill Hopper's 64-row wgmma tiles."""
+    # head block fastest: programs sharing a token's KV rows run side by side and hit L2
+    pid_h = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    t = tl.program_id(2)
+
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_ok = heads < num_heads
+    d_v = tl.arange(0, 512)
+    d_r = tl.arange(0, 64)
+    q_row = q_ptr + t.to(tl.int64) * stride_qt
+    if HEADS_ON_N:
+        q_lat = tl.load(q_row + heads[None, :] * stride_qh + d_v[:, None], mask=head_ok[None, :], other=0.0)
+        q_rope = tl.load(q_row + heads[None, :] * stride_qh + 512 + d_r[:, None], mask=head_ok[None, :], other=0.0)
+        acc = tl.zeros([512, BLOCK_H], tl.float32)
+    else:
+        q_lat = tl.load(q_row + heads[:, None] * stride_qh + d_v[None, :], mask=head_ok[:, None], other=0.0)
+        q_rope = tl.load(q_row + heads[:, None] * stride_qh + 512 + d_r[None, :], mask=head_ok[:, None], other=0.0)
+        acc = tl.zeros([BLOCK_H, 512], tl.float32)
+    q_lat = q_lat.to(DOT_DTYPE)
+    q_rope = q_rope.to(DOT_DTYPE)
+    # finite start so fully masked blocks give alpha = 1, p = 0 instead of NaN
+    m_i = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+
+    k_lo = pid_s * split_len
+    k_hi = tl.minimum(k_lo + split_len, topk)
+    n = tl.arange(0, BLOCK_N)
+    idx_row = idx_ptr + t.to(tl.int64) * stride_it
+    for k0 in tl.range(k_lo, k_hi, BLOCK_N, num_stages=NUM_STAGES):
+        pos = k0 + n
+        rows = tl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+        valid = rows >= 0
+        rows = tl.where(valid, rows, 0)
+        latent, rope = _load_kv_block(kv_ptr, rows, valid, d_v, d_r, KV_FP8, ROW_ELEMS)
+        latent = latent.to(DOT_DTYPE)
+        rope = rope.to(DOT_DTYPE)
+        if HEADS_ON_N:
+            s = tl.dot(latent, q_lat)  # [BLOCK_N, BLOCK_H]
+            s = tl.dot(rope, q_rope, s)
+            s = tl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = tl.dot(tl.trans(latent), p.to(DOT_DTYPE), acc * alpha[None, :])
+        else:
+            s = tl.dot(q_lat, tl.trans(latent))  # [BLOCK_H, BLOCK_N]
+            s = tl.dot(q_rope, tl.trans(rope), s)
+            s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(DOT_DTYPE), latent, acc * alpha[:, None])
+        m_i = m_new
+
+    has_key = l_i > 0.0
+    inv_l = 1.0 / tl.where(has_key, l_i, 1.0)
+    lse_log2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    if SPLIT_OUT:
+        part = (t.to(tl.int64) * splits + pid_s) * num_heads + heads
+        o_base = part_out_ptr
+        o_h = part * 512
+        o_dtype: tl.constexpr = tl.float32
+        tl.store(part_lse_ptr + part, lse_log2, mask=head_ok)
+    else:
+        o_base = out_ptr + t.to(tl.int64) * stride_ot
+        o_h = heads * stride_oh
+        o_dtype: tl.constexpr = tl.bfloat16
+        tl.store(lse_ptr + t.to(tl.int64) * stride_lt + heads, lse_log2 * 0.6931471805599453, mask=head_ok)
+    if HEADS_ON_N:
+        tl.store(o_base + o_h[None, :] + d_v[:, None], (acc * inv_l[None, :]).to(o_dtype), mask=head_ok[None, :])
+    else:
+        tl.store(o_base + o_h[:, None] + d_v[None, :], (acc * inv_l[:, None]).to(o_dtype), mask=head_ok[:, None])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr, part_lse_ptr, out_ptr, lse_ptr,
+    num_heads, stride_ot, stride_oh, stride_lt,
+    SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    """out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse); one program per (token, head)."""
+    h = tl.program_id(0)
+    t = tl.program_id(1)
+    s = tl.arange(0, SPLITS_P2)
+    d = tl.arange(0, 512)
+    part = (t.to(tl.int64) * SPLITS + s) * num_heads + h
+    lse_s = tl.load(part_lse_ptr + part, mask=s < SPLITS, other=float("-inf"))
+    m = tl.max(lse_s, 0)
+    has_key = m > float("-inf")
+    w = tl.where(has_key, tl.exp2(lse_s - tl.where(has_key, m, 0.0)), 0.0)
+    w_sum = tl.sum(w, 0)
+    o_s = tl.load(part_out_ptr + part[:, None] * 512 + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
+    o = tl.sum(o_s * w[:, None], 0) / tl.where(has_key, w_sum, 1.0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + d, o.to(tl.bfloat16))
+    lse = tl.where(has_key, (m + tl.log2(tl.where(has_key, w_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_ptr + t.to(tl.int64) * stride_lt + h, lse)
+
+
+def _check_inputs(q, kv, indices, d_v):
+    assert d_v == D_V, "GLM-DSA absorbed MLA: d_v is 512"
+    assert q.dtype == torch.bfloat16 and q.dim() == 3 and q.shape[-1] == D_QK and q.stride(-1) == 1
+    assert indices.dtype == torch.int32 and indices.dim() == 2 and indices.shape[0] == q.shape[0]
+    assert indices.stride(-1) == 1
+    kv_fp8 = kv.dtype == torch.uint8
+    if kv_fp8:
+        assert kv.dim() == 2 and kv.shape[1] == FP8_ROW_BYTES and kv.is_contiguous()
+    else:
+        assert kv.dtype == torch.bfloat16 and kv.dim() == 2 and kv.shape[1] == D_QK and kv.is_contiguous()
+    return kv_fp8
+
+
+def sparse_mla_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = D_V,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    config: SparseMLAConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton sparse MLA forward; returns (out [T, H, 512] bf16, lse [T, H] fp32, natural log)."""
+    kv_fp8 = _check_inputs(q, kv, indices, d_v)
+    T, H, _ = q.shape
+    topk = indices.shape[1]
+    if out is None:
+        out = torch.empty(T, H, D_V, dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    assert out.shape == (T, H, D_V) and out.stride(-1) == 1 and lse.shape == (T, H) and lse.stride(-1) == 1
+    if T == 0:
+        return out, lse
+    if config is None:
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        config = default_config(T, H, topk, kv_fp8, num_sms)
+    split_len = triton.cdiv(triton.cdiv(topk, config.splits), config.block_n) * config.block_n
+    splits = triton.cdiv(topk, split_len)
+    if splits > 1:
+        part_out = torch.empty(T, splits, H, D_V, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(T, splits, H, dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = out  # unused placeholders
+    grid = (triton.cdiv(H, config.block_h), splits, T)
+    _sparse_mla_fwd_kernel[grid](
+        q, kv, indices, out, lse, part_out, part_lse,
+        sm_scale * _LOG2E,
+        H, topk, split_len, splits,
+        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+        KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
+        SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+        HEADS_ON_N=config.heads_on_n, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(H, T)](
+            part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
+            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+        )
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 KV layout and plain-PyTorch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def quantize_kv_fp8(kv: torch.Tensor) -> torch.Tensor:
+    """BF16 rows [P, 576] -> FlashMLA FP8 rows uint8 [P, 656] (per-128-column absmax scales)."""
+    P = kv.shape[0]
+    latent = kv[:, :D_V].float().view(P, D_V // _FP8_GROUP, _FP8_GROUP)
+    scale = latent.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
+    codes = (latent / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(P, D_V)
+    out = torch.empty(P, FP8_ROW_BYTES, dtype=torch.uint8, device=kv.device)
+    out[:, :D_V] = codes
+    out[:, D_V:D_V + 16] = scale.contiguous().view(torch.uint8).view(P, 16)
+    out[:, D_V + 16:] = kv[:, D_V:].contiguous().view(torch.uint8).view(P, 2 * D_ROPE)
+    return out
+
+
+def dequantize_kv_fp8(kv: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """FlashMLA FP8 rows uint8 [P, 656] -> [P, 576] in dtype."""
+    P = kv.shape[0]
+    codes = kv[:, :D_V].contiguous().view(torch.float8_e4m3fn).to(dtype).view(P, D_V // _FP8_GROUP, _FP8_GROUP)
+    scale = kv[:, D_V:D_V + 16].contiguous().view(torch.float32).to(dtype)
+    rope = kv[:, D_V + 16:].contiguous().view(torch.bfloat16).to(dtype)
+    return torch.cat([(codes * scale[..., None]).view(P, D_V), rope], dim=1)
+
+
+def sparse_mla_fwd_ref(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = D_V,
+    compute_dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather + matmul reference in compute_dtype; returns (out [T, H, d_v], lse [T, H]) in compute_dtype."""
+    kv_f = dequantize_kv_fp8(kv, compute_dtype) if kv.dtype == torch.uint8 else kv.to(compute_dtype)
+    valid = indices >= 0
+    k = kv_f[indices.clamp(min=0).long()]  # [T, topk, 576]
+    s = torch.einsum("thd,tkd->thk", q.to(compute_dtype), k) * sm_scale
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
+    out = torch.einsum("thk,tkd->thd", p, k[..., :d_v])
+    return out, lse
+
+
+def sparse_mla_flops(num_tokens: int, num_heads: int, topk: int) -> int:
+    """2 x T x H x topk x (576 + 512), as the issue counts it."""
+    return 2 * num_tokens * num_heads * topk * (D_QK + D_V)
+
+
+def sparse_mla_bytes(num_tokens: int, num_heads: int, topk: int, kv_row_bytes: int) -> int:
+    """Each gathered row once per query + q + out (+ indices and lse, small)."""
+    return num_tokens * (topk * (kv_row_bytes + 4) + num_heads * (D_QK * 2 + D_V * 2 + 4))
+
+
+__all__ = [
+    "SparseMLAConfig", "default_config", "sparse_mla_fwd", "sparse_mla_fwd_ref",
+    "quantize_kv_fp8", "dequantize_kv_fp8", "sparse_mla_flops", "sparse_mla_bytes",
+    "D_QK", "D_V", "FP8_ROW_BYTES",
+]

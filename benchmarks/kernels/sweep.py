@@ -1,0 +1,183 @@
+"""Launch-shape sweep on the GPU: times candidate configs of glm_dsa_kernels' sparse MLA and
+indexer + top-k per benchmark problem, next to SGLang's kernel and (when given) a previous
+version of glm_dsa_kernels, all in one run. Candidates were screened offline first (triton
+compiled for sm_90 here, ptxas -v: registers, spills, shared memory). sweep_run4.log and
+sweep_run5.log also hold variants since removed from the kernel (the transposed "hon" form,
+FP8 scales applied to score/probability tiles, a fused top-digit histogram, hand-prefetched
+indexer keys): each lost to what stayed.
+
+  mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR_WITH_glm_dsa_kernels_prev]
+
+Prints one line per problem, fastest first, and writes every timing to --out.
+"""
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "third_party_baselines"))
+sys.path.insert(0, str(HERE))
+from bench_kernels import bench, make_index_cache, measure_ceilings, mla_inputs, rel_err, sglang_decode  # noqa: E402
+
+RESULTS = []
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def timed(problem, name, fn, floor, rep=20):
+    try:
+        t = bench(fn, rep=rep)
+    except Exception as exc:
+        log(f"  {problem} {name}: {type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}")
+        return None
+    RESULTS.append(dict(problem=problem, name=name, us=t * 1e6, roofline_pct=100 * floor / t))
+    return t
+
+
+def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
+    from glm_dsa_kernels.sparse_mla import SparseMLAConfig as C
+    from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
+
+    scale = 576**-0.5
+    cands = {  # (format, tokens, head class) -> [(block_h, block_n, num_warps, num_stages, prefetch)]
+        ("bf16", 64, "small"): [(16, 64, 4, 3, False), (16, 64, 4, 4, False), (16, 32, 4, 4, False)],
+        ("bf16", 256, "small"): [(16, 64, 4, 4, False), (16, 64, 4, 5, False), (16, 32, 4, 4, False)],
+        ("bf16", 64, "all"): [(64, 64, 8, 4, False), (64, 64, 8, 3, False), (64, 32, 8, 5, False)],
+        ("fp8", 64, "small"): [(16, 64, 8, 1, True), (16, 32, 8, 1, True)],
+        ("fp8", 64, "all"): [(64, 64, 8, 2, False), (64, 32, 8, 3, False), (64, 64, 8, 3, False)],
+    }
+    cands[("fp8", 256, "small")] = cands[("fp8", 64, "small")]
+    for fmt in ("bf16", "fp8"):
+        cands[(fmt, 256, "all")] = cands[(fmt, 4096, "all")] = cands[(fmt, 64, "all")]
+    kv3 = kv_bf16.view(-1, 1, 576)
+    for fmt, kv, row_bytes in (("bf16", kv_bf16, 1152), ("fp8", kv_fp8, 656)):
+        problems = ((64, 16), (256, 16), (64, 64), (256, 64), (4096, 64))
+        for T, H in problems:
+            problem = f"mla {fmt} T={T} H={H}"
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
+            nb, fl = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
+            floor = max(nb / ceil[0], fl / ceil[1])
+            res = []
+            if fmt == "bf16" and T <= 256:
+                res.append(("sglang", timed(problem, "sglang", lambda: sglang_decode(q, kv3, idx, scale), floor)))
+            if prev is not None:
+                res.append(("prev default", timed(problem, "prev default", lambda: prev.sparse_mla_fwd(q, kv, idx, scale), floor)))
+            res.append(("new default", timed(problem, "new default", lambda: sparse_mla_fwd(q, kv, idx, scale), floor)))
+            sub = torch.arange(0, T, max(1, T // 8), device="cuda")
+            ref, _ = sparse_mla_fwd_ref(q[sub], kv, idx[sub], scale)
+            for bh, bn, nw, ns, pf in cands[(fmt, T, "small" if H <= 16 else "all")]:
+                for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
+                    programs = T * sp * (H // bh)
+                    if (sp > 1 and programs > 4.5 * 132) or (sp == 1 and programs < 132 and T < 256):
+                        continue
+                    cfg = C(bh, bn, sp, nw, ns, pf)
+                    name = f"bh{bh} bn{bn} w{nw} s{ns}{' pf' if pf else ''} sp{sp}"
+                    out = sparse_mla_fwd(q, kv, idx, scale, config=cfg)[0]
+                    e = rel_err(out[sub], ref)
+                    if not e < 2e-2:
+                        log(f"  {problem} {name}: WRONG rel err {e:.2e}")
+                        continue
+                    res.append((name, timed(problem, name, lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), floor)))
+            res = sorted((t, n) for n, t in res if t)
+            log(f"{problem} floor {floor * 1e6:.0f}us: " + "; ".join(f"{n} {t * 1e6:.1f}us {100 * floor / t:.0f}%" for t, n in res[:8]))
+            base = [t for t, n in res if n == "sglang"]
+            if base:
+                log(f"    best vs sglang: {base[0] / res[0][0]:.2f}x")
+
+
+def indexer_sweep(ceil, prev):
+    from glm_dsa_kernels.indexer import IndexerConfig as IC
+    from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
+    from glm_dsa_kernels.topk_select import topk_positions
+
+    logit_cands = [IC(128, 1024, 3, 4), IC(128, 2048, 3, 4), IC(128, 1024, 4, 4), IC(128, 512, 3, 4),
+                   IC(64, 1024, 4, 4), IC(128, 1024, 3, 8), IC(128, 4096, 3, 4)]
+    topk_cands = [(4096, 2048), (8192, 4096), (8192, 8192), (16384, 4096), (2048, 2048)]
+    for B, keys in ((64, 65536), (32, 131072)):
+        problem = f"indexer B={B} keys={keys}"
+        k_cache, pt = make_index_cache(B, keys)
+        q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(B, 32, device="cuda") / 32
+        qr = torch.arange(B, device="cuda", dtype=torch.int32)
+        kl = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+        nb, fl = indexer_bytes(B * keys, B, 2048), indexer_flops(B * keys)
+        floor = max(nb / ceil[0], fl / ceil[1])
+        lg = torch.empty(B, keys, device="cuda")
+        parts, logit_times, topk_times = [], [], []
+        want = prev_idx.indexer_topk(q, w, k_cache, pt, qr, kl, 2048) if prev is not None else None
+        if prev is not None:
+            parts.append((timed(problem, "prev indexer_topk", lambda: prev_idx.indexer_topk(q, w, k_cache, pt, qr, kl, 2048), floor), "prev indexer_topk"))
+        for c in logit_cands:
+            name = f"logits bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps}"
+            t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
+            parts.append((t, name))
+            if t:
+                logit_times.append((t, c))
+        for chunk, block in topk_cands:
+            name = f"topk alone chunk{chunk} block{block}"
+            t = timed(problem, name, lambda: topk_positions(lg, kl, 2048, chunk=chunk, block=block), floor)
+            parts.append((t, name))
+            if t:
+                topk_times.append((t, (chunk, block)))
+        parts = sorted(p for p in parts if p[0])
+        log(f"{problem} floor {floor * 1e6:.0f}us, parts: " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in parts))
+        full = []
+        for _, c in sorted(logit_times, key=lambda x: x[0])[:2]:
+            for _, (chunk, block) in sorted(topk_times, key=lambda x: x[0])[:2]:
+                cfg = IC(c.block_n, c.keys_per_program, c.num_stages, c.num_warps, chunk, block)
+                got = indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg)
+                if want is not None and not torch.equal(got, want):
+                    log(f"  {problem} {cfg}: top-k differs from prev in {(got != want).any(1).sum().item()} rows")
+                name = f"pipeline {cfg}"
+                full.append((timed(problem, name, lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg), floor), name))
+        full = sorted(f for f in full if f[0])
+        log(f"{problem} floor {floor * 1e6:.0f}us: " + "; ".join(f"{n} {t * 1e6:.1f}us {100 * floor / t:.0f}%" for t, n in full))
+        del k_cache, pt, lg
+
+
+prev_idx = None
+
+
+def main():
+    global prev_idx
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--prev", type=Path, help="folder holding a previous glm_dsa_kernels as glm_dsa_kernels_prev")
+    ap.add_argument("--only", default="mla,indexer")
+    args = ap.parse_args()
+    prev = None
+    if args.prev:
+        sys.path.insert(0, str(args.prev))
+        import glm_dsa_kernels_prev.indexer as prev_idx_mod
+        import glm_dsa_kernels_prev.sparse_mla as prev
+
+        prev_idx = prev_idx_mod
+    bw, peak = measure_ceilings()
+    log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s")
+    t0 = time.time()
+    from glm_dsa_kernels.sparse_mla import quantize_kv_fp8
+
+    kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
+    kv_fp8 = quantize_kv_fp8(kv_bf16)
+    for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev)), ("indexer", lambda: indexer_sweep((bw, peak), prev))):
+        if name not in args.only:
+            continue
+        try:
+            fn()
+        except Exception:
+            traceback.print_exc()
+        log(f"(after {name}: {time.time() - t0:.0f}s)")
+        args.out.write_text(json.dumps(dict(copy_tbps=bw / 1e12, matmul_tflops=peak / 1e12, results=RESULTS), indent=1))
+
+
+if __name__ == "__main__":
+    main()
