@@ -7,7 +7,12 @@ FP8 scales applied to score/probability tiles, a fused top-digit histogram, hand
 indexer keys): each lost to what stayed.
 
   mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
-  python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR_WITH_glm_dsa_kernels_prev]
+  python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR]
+
+--prev DIR: a folder holding an older kernels/ as package glm_dsa_kernels_prev, e.g.
+  mkdir -p DIR/glm_dsa_kernels_prev && for f in __init__ sparse_mla indexer topk_select; do
+    git show REV:kernels/$f.py > DIR/glm_dsa_kernels_prev/$f.py; done
+(the recorded runs compared against 306d059).
 
 Prints one line per problem, fastest first, and writes every timing to --out.
 """
