@@ -6,9 +6,10 @@ ASCENDING POSITION order, padded with -1 when key_limit[t] < topk. (Sparse atten
 care about order; position order makes the result unique and cheap to write.)
 
 Each row is cut into chunks, one program per (chunk, row), so a decode batch of 32-64 rows still
-fills the GPU. Four launches histogram one 8-bit digit each (atomics into hist[T, 4, 256]) and
-pin down the exact k-th key `thr`; one launch counts keys > thr and == thr per chunk; the last
-writes positions, each chunk at its exclusive prefix of kept keys.
+fills the GPU. Four launches histogram one 8-bit digit each into hist[T, 4, 256] and pin down the
+exact k-th key `thr` (the first over every key with a block histogram, the next three over the few
+keys sharing the known prefix, one atomic each); one launch counts keys > thr and == thr per
+chunk; the last writes positions, each chunk at its exclusive prefix of kept keys.
 """
 
 import torch
