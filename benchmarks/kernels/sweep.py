@@ -6,7 +6,8 @@ sweep_run5.log also hold variants since removed from the kernel (the transposed 
 FP8 scales applied to score/probability tiles, a fused top-digit histogram, hand-prefetched
 indexer keys); sweep_run7.log two more (indexer keys on the wgmma M side, which does get the
 e4m3 gather pipelined but measured 276 vs 260 us, and a first top-k pass by global atomics,
-190 vs 130 us): each lost to what stayed.
+190 vs 130 us); sweep_run8.log prefill query blocks of 2-8 queries sharing each indexer key
+tile (at best a tie): each lost to what stayed.
 
   mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
   python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR]
