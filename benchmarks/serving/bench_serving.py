@@ -25,14 +25,14 @@ import argparse
 import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import requests
+
+from sglang_glm.cpu_compat.server import CPU_SERVER_ARGS, free_port, launched_server
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -53,12 +53,6 @@ def on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def server(model: Path, extra: list[str], log_path: Path, max_running: int, timeout=600):
     """The server in its own process group; yields (url, None) or (None, error text)."""
@@ -68,39 +62,17 @@ def server(model: Path, extra: list[str], log_path: Path, max_running: int, time
            "--port", str(port), "--max-running-requests", str(max_running),
            "--enable-metrics", "--decode-log-interval", "1", *extra]
     if on_cpu():
-        cmd += ["--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
-                "--max-total-tokens", "8192"]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        t0 = time.time()
-        while True:
-            if proc.poll() is not None:
-                log.flush()
-                tail = log_path.read_text().strip().splitlines()[-5:]
-                yield None, f"server exited with {proc.returncode}: " + " | ".join(tail)
-                return
-            try:
-                if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() - t0 > timeout:
-                yield None, f"server not healthy after {timeout}s"
-                return
-            time.sleep(1)
+        cmd += list(CPU_SERVER_ARGS)
+    t0 = time.time()
+    with contextlib.ExitStack() as stack:
+        try:
+            url = stack.enter_context(launched_server(cmd, port, log_path, timeout))
+        except (RuntimeError, TimeoutError) as exc:
+            tail = log_path.read_text().strip().splitlines()[-5:]
+            yield None, f"{exc}: " + " | ".join(tail)
+            return
         print(f"  server up in {time.time() - t0:.0f}s: {' '.join(extra)}", flush=True)
         yield url, None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def write_dataset(path: Path, n: int = 200, chunk: int = 1200) -> Path:

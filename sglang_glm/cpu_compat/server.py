@@ -1,7 +1,8 @@
 """Start and stop a real SGLang HTTP server on CPU (`sglang_glm.cpu_compat.launch_server`).
 
-Used by the CPU demo, the tests and the serving benchmarks. The server runs in its own process
-group, because SGLang's scheduler and detokenizer outlive a killed main process.
+Used by the CPU demo, the tests and the serving benchmarks (which also run `launched_server`
+with `sglang.launch_server` on a GPU machine). The server runs in its own process group, because
+SGLang's scheduler and detokenizer outlive a killed main process.
 """
 
 from __future__ import annotations
@@ -47,15 +48,11 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def cpu_server(model_path, *args: str, timeout: float = 300.0, log_path=None):
-    """Yields the base URL of a healthy server; stops the whole process group on exit."""
-    port = free_port()
-    log_path = Path(log_path or Path(tempfile.gettempdir()) / f"sglang_server_{port}.log")
+def launched_server(command: list[str], port: int, log_path, timeout: float = 300.0):
+    """Runs a server command in its own process group; yields its base URL once /health answers
+    and stops the whole group on exit. Start-up failure: RuntimeError (exited) or TimeoutError."""
     log = open(log_path, "w")
-    proc = subprocess.Popen(
-        _command(model_path, port, args), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout
@@ -75,6 +72,15 @@ def cpu_server(model_path, *args: str, timeout: float = 300.0, log_path=None):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def cpu_server(model_path, *args: str, timeout: float = 300.0, log_path=None):
+    """Yields the base URL of a healthy CPU server; stops the whole process group on exit."""
+    port = free_port()
+    log_path = Path(log_path or Path(tempfile.gettempdir()) / f"sglang_server_{port}.log")
+    with launched_server(_command(model_path, port, args), port, log_path, timeout) as url:
+        yield url
 
 
 def failed_launch(model_path, *args: str, timeout: float = 300.0) -> str:
