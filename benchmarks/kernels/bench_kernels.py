@@ -229,17 +229,24 @@ def make_index_cache(B, keys_per_req, fmt="fp8"):
     return k_cache, page_table
 
 
+def decode_indexer_inputs(B, keys):
+    """One decode query per request, each seeing all `keys` of its request (FP8 keys):
+    (q, weights, k_cache, page_table, query_req, key_limit)."""
+    k_cache, page_table = make_index_cache(B, keys)
+    q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(B, 32, device="cuda") / 32
+    query_req = torch.arange(B, device="cuda", dtype=torch.int32)
+    key_limit = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+    return q, w, k_cache, page_table, query_req, key_limit
+
+
 def indexer_tables(ceil):
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
     from glm_dsa_kernels.topk_select import topk_positions
 
     tab = Table("lightning indexer + top-k 2048, decode, FP8 keys (132 B/token), bf16 q", "indexer", ceil)
     for B, keys in ((64, 65536), (32, 131072)):
-        k_cache, pt = make_index_cache(B, keys)
-        q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(B, 32, device="cuda") / 32
-        qr = torch.arange(B, device="cuda", dtype=torch.int32)
-        kl = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(B, keys)
         nb, fl = indexer_bytes(B * keys, B, 2048), indexer_flops(B * keys)
         lg = torch.empty(B, keys, device="cuda")
         shape = f"batch {B} x {keys // 1024}K keys"

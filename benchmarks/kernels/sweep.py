@@ -32,7 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "third_party_baselines"))
 sys.path.insert(0, str(HERE))
-from bench_kernels import bench, make_index_cache, measure_ceilings, mla_inputs, rel_err, sglang_decode  # noqa: E402
+from bench_kernels import bench, decode_indexer_inputs, measure_ceilings, mla_inputs, rel_err, sglang_decode  # noqa: E402
 
 RESULTS = []
 
@@ -112,11 +112,7 @@ def indexer_sweep(ceil, prev):
     topk_cands = [(4096, 2048), (8192, 4096), (8192, 8192), (16384, 4096), (2048, 2048)]
     for B, keys in ((64, 65536), (32, 131072)):
         problem = f"indexer B={B} keys={keys}"
-        k_cache, pt = make_index_cache(B, keys)
-        q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(B, 32, device="cuda") / 32
-        qr = torch.arange(B, device="cuda", dtype=torch.int32)
-        kl = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(B, keys)
         nb, fl = indexer_bytes(B * keys, B, 2048), indexer_flops(B * keys)
         floor = max(nb / ceil[0], fl / ceil[1])
         lg = torch.empty(B, keys, device="cuda")
