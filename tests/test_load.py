@@ -14,6 +14,7 @@ Bounded loops, loopback only; the server is stopped by the test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -154,15 +155,22 @@ def run_client(url, i, prompt, rid):
     return out["id"], out["choices"][0]["token_ids"]
 
 
-def disconnecting_client(url, prompt, rid, start: threading.Event):
-    """Streams a long request, reads a few chunks, then drops the connection."""
-    start.wait()
-    chunks = 0
+@contextlib.contextmanager
+def long_stream(url, prompt, rid):
+    """An open streaming /generate of LONG_TOKENS greedy tokens (closed on exit, read or not)."""
     with requests.post(f"{url}/generate", stream=True, timeout=TIMEOUT,
                        json={"input_ids": prompt, "rid": rid, "stream": True,
                              "sampling_params": {"temperature": 0, "max_new_tokens": LONG_TOKENS,
                                                  "ignore_eos": True}}) as r:
         r.raise_for_status()
+        yield r
+
+
+def disconnecting_client(url, prompt, rid, start: threading.Event):
+    """Streams a long request, reads a few chunks, then drops the connection."""
+    start.wait()
+    chunks = 0
+    with long_stream(url, prompt, rid) as r:
         for line in r.iter_lines():
             if line.startswith(b"data: "):
                 chunks += 1
@@ -175,11 +183,7 @@ def abort_api_client(url, prompt, rid, start: threading.Event):
     """Streams a long request and aborts it through /abort_request after the first chunk."""
     start.wait()
     last, aborted = None, False
-    with requests.post(f"{url}/generate", stream=True, timeout=TIMEOUT,
-                       json={"input_ids": prompt, "rid": rid, "stream": True,
-                             "sampling_params": {"temperature": 0, "max_new_tokens": LONG_TOKENS,
-                                                 "ignore_eos": True}}) as r:
-        r.raise_for_status()
+    with long_stream(url, prompt, rid) as r:
         for line in r.iter_lines():
             if line.startswith(b"data: ") and line != b"data: [DONE]":
                 last = json.loads(line[6:])
