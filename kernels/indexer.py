@@ -15,7 +15,7 @@
 
 indexer_topk returns logical positions [T, topk] int32 (topk_select's rule: ties -> lower
 position, ascending position order, -1 padding). Long prefill chunks are cut into query chunks
-so the fp32 logits workspace stays under max_logits_bytes.
+so the workspace (fp32 logits + top-k candidate keys and positions) stays under max_logits_bytes.
 """
 
 import os
@@ -32,19 +32,23 @@ HEAD_DIM = 128
 PAGE_SIZE = 64
 FP8_TOKEN_BYTES = HEAD_DIM + 4
 # TRITON_INTERPRET=1 (triton 3.8, CPU) mis-multiplies bf16 tl.dot operands; interpret in fp32
-_DOT_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_DOT_DTYPE = tl.float32 if _INTERPRET else tl.bfloat16
+_F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 
 
 @dataclass(frozen=True)
 class IndexerConfig:
-    """Launch shapes; the defaults won the H200 sweep (benchmarks/kernels/sweep_run5.log)."""
+    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/sweep_run5.log, sweep_run12.log)."""
 
     block_n: int = 128  # keys per dot
-    keys_per_program: int = 1024  # keys one program scores (q and weights loaded once)
+    keys_per_program: int = 4096  # keys one program scores (q and weights loaded once)
     num_stages: int = 3
     num_warps: int = 4
-    topk_chunk: int = 16384  # keys per top-k program (topk_select)
-    topk_block: int = 4096  # keys per top-k loop step
+    topk_chunk: int = 8192  # keys per top-k candidates program (topk_select)
+    topk_block: int = 4096  # keys per step of that program
+    topk_select_block: int = 2048  # candidates per step of the per-row top-k select
+    topk_sample: int = 4096  # keys per row in the sample placing the top-k candidate bound
 
 
 @triton.jit
@@ -52,7 +56,7 @@ def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
     K_FP8: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr,
 ):
     """One program scores KEYS_PER_PROGRAM keys of one query, BLOCK_N at a time (q loaded once)."""
     pid_n = tl.program_id(0)
@@ -62,8 +66,19 @@ def _indexer_logits_kernel(
     if lo < n:
         h = tl.arange(0, 32)
         d = tl.arange(0, 128)
-        q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :]).to(DOT_DTYPE)
+        q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :])
         w = tl.load(w_ptr + t.to(tl.int64) * stride_wt + h)
+        if K_FP8:
+            # e4m3 -> fp16 is one instruction per pair (-> bf16 is several), so the dot runs in fp16: each
+            # head of q is scaled by a power of two into fp16's range and w takes the inverse (exact)
+            qf = q.to(tl.float32)
+            amax = tl.max(tl.abs(qf), 1)
+            log2_amax = ((amax.to(tl.uint32, bitcast=True) >> 23) & 255).to(tl.int32) - 127
+            shift = tl.minimum(tl.maximum(14 - log2_amax, -24), 24)
+            q = (qf * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]).to(F16_DTYPE)
+            w = w * ((127 - shift) << 23).to(tl.float32, bitcast=True)
+        else:
+            q = q.to(DOT_DTYPE)
         b = tl.load(query_req_ptr + t)
         pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
         out_row = logits_ptr + t.to(tl.int64) * stride_lt
@@ -74,7 +89,7 @@ def _indexer_logits_kernel(
             slot = pos % 64
             if K_FP8:
                 codes_ptr = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page[:, None] * (64 * 132) + slot[:, None] * 128
-                k = tl.load(codes_ptr + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)  # exact in bf16
+                k = tl.load(codes_ptr + d[None, :], mask=valid[:, None], other=0.0).to(F16_DTYPE)  # exact in fp16
                 scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (64 * 33) + 64 * 32 + slot,
                                 mask=valid, other=0.0)
             else:
@@ -122,7 +137,7 @@ def indexer_logits(
             q, weights, k_cache, page_table, query_req, key_limit, logits,
             q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0),
             K_FP8=k_fp8, BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program, NUM_STAGES=c.num_stages,
-            DOT_DTYPE=_DOT_DTYPE, num_warps=c.num_warps,
+            DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, num_warps=c.num_warps,
         )
     return logits
 
@@ -147,13 +162,14 @@ def indexer_topk(
     width = page_table.shape[1] * PAGE_SIZE
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
-    chunk = max(1, min(T, max_logits_bytes // (4 * width)))
+    chunk = max(1, min(T, max_logits_bytes // (12 * width)))  # fp32 logits + top-k candidate keys and positions
     logits = torch.empty(chunk, width, dtype=torch.float32, device=q.device)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)
         lg = logits[: t1 - t0]
         indexer_logits(q[t0:t1], weights[t0:t1], k_cache, page_table, query_req[t0:t1], key_limit[t0:t1], lg, config)
-        topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1], chunk=config.topk_chunk, block=config.topk_block)
+        topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1], chunk=config.topk_chunk, block=config.topk_block,
+                       select_block=config.topk_select_block, sample=config.topk_sample)
     return out
 
 

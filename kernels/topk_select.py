@@ -5,16 +5,24 @@ topk highest scores; equal scores -> the lower position wins. The kept positions
 ASCENDING POSITION order, padded with -1 when key_limit[t] < topk. (Sparse attention does not
 care about order; position order makes the result unique and cheap to write.)
 
-Each row is cut into chunks, one program per (chunk, row), so a decode batch of 32-64 rows still
-fills the GPU. Four launches histogram one 8-bit digit each into hist[T, 4, 256] and pin down the
-exact k-th key `thr` (the first over every key with a block histogram, the next three over the few
-keys sharing the known prefix, one atomic each); one launch counts keys > thr and == thr per
-chunk; the last writes positions, each chunk at its exclusive prefix of kept keys.
+Scores are compared as uint32 keys (`_ordered_key`). Three launches:
+  1. `_sample_bound_kernel`, one program per row: an evenly strided sample of 4096 keys gives
+     `bound`, a key a few standard deviations below where the k-th key is expected (the sample's
+     two leading digits, by histogram); about 1.6-1.9 x topk keys of a 64K-128K row are >= bound.
+  2. `_candidates_kernel`, one program per (chunk, row) so a decode batch of 32-64 rows still fills
+     the GPU: the keys >= bound and their positions go to the chunk's stretch of `cand_key` /
+     `cand_pos`, in position order. This is the only launch that reads whole rows.
+  3. `_select_kernel`, one program per row, reads the chunks' candidates as one list: radix select
+     (four 8-bit digits, a histogram each), then one ordered walk writes the kept positions. Should
+     the sample have missed (fewer than topk candidates), the row is walked whole instead: slower,
+     same result.
 """
 
 import torch
 import triton
 import triton.language as tl
+
+SAMPLE = 4096  # keys per row in the sample that places the candidate bound
 
 
 @triton.jit
@@ -25,122 +33,136 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _threshold(hist_row, n, topk, num_passes):
-    """Key prefix fixed by the first num_passes digits, its mask, and how many keys equal to the
-    final threshold are still to take. With n <= topk every valid key is kept: thr 0, all taken."""
+def _masked_histogram(digit, match):
+    """256-bin histogram of digit where match (unmatched values go to bin 0 and are taken back out)."""
     bins = tl.arange(0, 256)
+    h = tl.histogram(tl.where(match, digit, 0).to(tl.int32), 256)
+    return h - tl.where(bins == 0, tl.sum((~match).to(tl.int32), 0), 0)
+
+
+@triton.jit
+def _pick_digit(hist, remaining):
+    """The k-th key's digit (the highest bin whose count at-or-above reaches `remaining`) and how
+    many keys are still to take among those carrying it."""
+    bins = tl.arange(0, 256)
+    at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+    d = tl.max(tl.where(at_or_above >= remaining, bins, -1), 0)
+    return d, remaining - tl.sum(tl.where(bins > d, hist, 0), 0)
+
+
+@triton.jit
+def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, SAMPLE: tl.constexpr):
+    t = tl.program_id(0)
+    n = tl.load(key_limit_ptr + t)
+    stride = tl.maximum(tl.cdiv(n, SAMPLE), 1)
+    i = tl.arange(0, SAMPLE)
+    sampled = i * stride < n
+    key = _ordered_key(tl.load(logits_ptr + t.to(tl.int64) * stride_lt + i * stride, mask=sampled, other=0.0))
+    m = tl.cdiv(n, stride)  # keys in the sample
+    expect = topk * m.to(tl.float32) / n.to(tl.float32)  # the k-th key's expected rank in the sample
+    want = (expect + 6.0 * tl.sqrt(expect) + 8.0).to(tl.int32)  # sampled keys to keep at or above bound
+    d0, left = _pick_digit(_masked_histogram(key >> 24, sampled), want)
+    d1, _ = _pick_digit(_masked_histogram((key >> 16) & 255, sampled & ((key >> 24) == d0.to(tl.uint32))), left)
+    # n <= topk, or a sample too small to cut: bound 0, every key is a candidate
+    bound = tl.where((n > topk) & (want < m), (d0.to(tl.uint32) << 24) | (d1.to(tl.uint32) << 16), 0)
+    tl.store(bound_ptr + t, bound.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _candidates_kernel(logits_ptr, key_limit_ptr, bound_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr,
+                       stride_lt, stride_ct, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    c = tl.program_id(0)
+    t = tl.program_id(1)
+    n = tl.load(key_limit_ptr + t)
+    bound = tl.load(bound_ptr + t).to(tl.uint32, bitcast=True)
+    row = logits_ptr + t.to(tl.int64) * stride_lt
+    stretch = t.to(tl.int64) * stride_ct + c * CHUNK
+    written = tl.zeros([], tl.int32)
+    for j0 in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n), BLOCK):
+        pos = j0 + tl.arange(0, BLOCK)
+        key = _ordered_key(tl.load(row + pos, mask=pos < n, other=0.0))
+        keep = (pos < n) & (key >= bound)
+        slot = stretch + written + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(cand_key_ptr + slot, key.to(tl.int32, bitcast=True), mask=keep)
+        tl.store(cand_pos_ptr + slot, pos, mask=keep)
+        written += tl.sum(keep.to(tl.int32), 0)
+    tl.store(num_cand_ptr + t.to(tl.int64) * num_chunks + c, written)
+
+
+@triton.jit
+def _candidates_at(cand_key, cand_pos, num_cand, num_chunks, i, length, whole_row,
+                   CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    """Keys and positions of candidates i (a block of list indices): the chunks' stretches read as
+    one list (or, when whole_row, the row itself, read by the caller)."""
+    slot = i
+    end = tl.zeros([], tl.int32)
+    for c in tl.static_range(MAX_CHUNKS):
+        count = tl.load(num_cand + c, mask=c < num_chunks, other=0)
+        end += count
+        slot += tl.where(i >= end, CHUNK - count, 0)  # skip the unused tail of chunk c's stretch
+    ok = (i < length) & (whole_row == 0)
+    key = tl.load(cand_key + slot, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    pos = tl.load(cand_pos + slot, mask=ok, other=0)
+    return key, pos
+
+
+@triton.jit
+def _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
+                       CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    key, pos = _candidates_at(cand_key, cand_pos, num_cand, num_chunks, i, length, whole_row, CHUNK, MAX_CHUNKS)
+    if whole_row:
+        key = _ordered_key(tl.load(row + i, mask=i < n, other=0.0))
+        pos = i
+    return key, pos
+
+
+@triton.jit
+def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr, out_ptr,
+                   stride_lt, stride_ct, stride_ot, topk, num_chunks,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+    t = tl.program_id(0)
+    n = tl.load(key_limit_ptr + t)
+    row = logits_ptr + t.to(tl.int64) * stride_lt
+    cand_key = cand_key_ptr + t.to(tl.int64) * stride_ct
+    cand_pos = cand_pos_ptr + t.to(tl.int64) * stride_ct
+    num_cand = num_cand_ptr + t.to(tl.int64) * num_chunks
+    chunks = tl.arange(0, MAX_CHUNKS)
+    total = tl.sum(tl.load(num_cand + chunks, mask=chunks < num_chunks, other=0), 0)
+    whole_row = total < tl.minimum(n, topk)  # the sample missed: walk the row itself
+    length = tl.where(whole_row, n, total)
+    # n <= topk: threshold key 0 with every candidate (every key) taken
     thr = tl.zeros([], tl.uint32)
-    prefix_mask = tl.zeros([], tl.uint32)
     remaining = tl.zeros([], tl.int32) + topk
     if n > topk:
-        for p in range(num_passes):
-            hist = tl.load(hist_row + p * 256 + bins)
-            at_or_above = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-            # the k-th key's digit: the highest bin whose count at-or-above reaches `remaining`
-            d_star = tl.max(tl.where(at_or_above >= remaining, bins, -1), 0)
-            remaining -= tl.sum(tl.where(bins > d_star, hist, 0), 0)
-            shift = (tl.zeros([], tl.int32) + 24 - 8 * p).to(tl.uint32)
-            thr = thr | (d_star.to(tl.uint32) << shift)
-            prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << shift)
-    return thr, prefix_mask, remaining
-
-
-@triton.jit
-def _digit_histogram_kernel(
-    logits_ptr, key_limit_ptr, hist_ptr, stride_lt, topk, num_pass,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, MATCHES_FEW: tl.constexpr,
-):
-    """hist[t, num_pass] += histogram of digit num_pass over keys matching the known prefix.
-
-    After the first pass only the keys sharing the k-th key's leading digits match (a few
-    percent): MATCHES_FEW counts them with one global atomic each instead of a block histogram."""
-    c = tl.program_id(0)
-    t = tl.program_id(1)
-    n = tl.load(key_limit_ptr + t)
-    lo = c * CHUNK
-    if (n > topk) & (lo < n):
-        hist_row = hist_ptr + t.to(tl.int64) * 1024
-        thr, prefix_mask, remaining = _threshold(hist_row, n, topk, num_pass)
-        shift = (tl.zeros([], tl.int32) + 24 - 8 * num_pass).to(tl.uint32)  # num_pass may be specialised
-        row = logits_ptr + t.to(tl.int64) * stride_lt
-        bins = tl.arange(0, 512)
-        local = tl.zeros([512], tl.int32)
-        for j0 in range(lo, tl.minimum(lo + CHUNK, n), BLOCK):
-            pos = j0 + tl.arange(0, BLOCK)
-            valid = pos < n
-            key = _ordered_key(tl.load(row + pos, mask=valid, other=0.0))
-            match = valid & ((key & prefix_mask) == thr)
-            if MATCHES_FEW:
-                digit = ((key >> shift) & 255).to(tl.int32)
-                tl.atomic_add(hist_row + num_pass * 256 + digit, tl.full([BLOCK], 1, tl.int32), mask=match,
-                              sem="relaxed")
-            else:
-                # non-matching keys land in bin 256, outside the 256 digit bins
-                digit = tl.where(match, (key >> shift) & 255, 256).to(tl.int32)
-                local += tl.histogram(digit, 512)
-        if not MATCHES_FEW:
-            tl.atomic_add(hist_row + num_pass * 256 + bins, local, mask=(bins < 256) & (local > 0), sem="relaxed")
-
-
-@triton.jit
-def _chunk_counts_kernel(
-    logits_ptr, key_limit_ptr, hist_ptr, counts_ptr, stride_lt, topk, num_chunks,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """counts[t, c] = (#keys > thr, #keys == thr) in chunk c."""
-    c = tl.program_id(0)
-    t = tl.program_id(1)
-    n = tl.load(key_limit_ptr + t)
-    thr, _, _ = _threshold(hist_ptr + t.to(tl.int64) * 1024, n, topk, 4)
-    row = logits_ptr + t.to(tl.int64) * stride_lt
-    above = tl.zeros([], tl.int32)
-    ties = tl.zeros([], tl.int32)
-    lo = c * CHUNK
-    for j0 in range(lo, tl.minimum(lo + CHUNK, n), BLOCK):
-        pos = j0 + tl.arange(0, BLOCK)
-        valid = pos < n
-        key = _ordered_key(tl.load(row + pos, mask=valid, other=0.0))
-        above += tl.sum((valid & (key > thr)).to(tl.int32), 0)
-        ties += tl.sum((valid & (key == thr)).to(tl.int32), 0)
-    cnt = counts_ptr + (t.to(tl.int64) * num_chunks + c) * 2
-    tl.store(cnt, above)
-    tl.store(cnt + 1, ties)
-
-
-@triton.jit
-def _compact_kernel(
-    logits_ptr, key_limit_ptr, hist_ptr, counts_ptr, out_ptr, stride_lt, stride_ot, topk, num_chunks,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr,
-):
-    """Write kept positions of chunk c at its exclusive prefix; chunk 0 also writes the -1 tail."""
-    c = tl.program_id(0)
-    t = tl.program_id(1)
-    n = tl.load(key_limit_ptr + t)
-    thr, _, remaining = _threshold(hist_ptr + t.to(tl.int64) * 1024, n, topk, 4)
+        prefix_mask = tl.zeros([], tl.uint32)
+        for p in tl.static_range(4):
+            hist = tl.zeros([256], tl.int32)
+            for j0 in range(0, length, BLOCK):
+                i = j0 + tl.arange(0, BLOCK)
+                key, _ = _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
+                                            CHUNK, MAX_CHUNKS)
+                hist += _masked_histogram((key >> (24 - 8 * p)) & 255, (i < length) & ((key & prefix_mask) == thr))
+            d, remaining = _pick_digit(hist, remaining)
+            thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
+            prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << (24 - 8 * p))
+    # one walk over the candidates in position order: keys above thr, then the first `remaining` ties
     out_row = out_ptr + t.to(tl.int64) * stride_ot
-    if c == 0:
-        for j0 in range(tl.minimum(n, topk), topk, BLOCK):
-            pos = j0 + tl.arange(0, BLOCK)
-            tl.store(out_row + pos, tl.full([BLOCK], -1, tl.int32), mask=pos < topk)
-    chunks = tl.arange(0, MAX_CHUNKS)
-    before = chunks < c
-    cnt = counts_ptr + (t.to(tl.int64) * num_chunks + chunks) * 2
-    above_before = tl.sum(tl.load(cnt, mask=before, other=0), 0)
-    ties_seen = tl.sum(tl.load(cnt + 1, mask=before, other=0), 0)
-    written = above_before + tl.minimum(ties_seen, remaining)
-    row = logits_ptr + t.to(tl.int64) * stride_lt
-    lo = c * CHUNK
-    for j0 in range(lo, tl.minimum(lo + CHUNK, n), BLOCK):
-        pos = j0 + tl.arange(0, BLOCK)
-        valid = pos < n
-        key = _ordered_key(tl.load(row + pos, mask=valid, other=0.0))
-        tie = valid & (key == thr)
+    written = tl.zeros([], tl.int32)
+    ties_seen = tl.zeros([], tl.int32)
+    for j0 in range(0, length, BLOCK):
+        i = j0 + tl.arange(0, BLOCK)
+        key, pos = _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
+                                      CHUNK, MAX_CHUNKS)
+        ok = i < length
+        tie = ok & (key == thr)
         tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), 0) - 1
-        take = (valid & (key > thr)) | (tie & (tie_rank < remaining))
-        slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(out_row + slot, pos, mask=take)
+        take = (ok & (key > thr)) | (tie & (tie_rank < remaining))
+        tl.store(out_row + written + tl.cumsum(take.to(tl.int32), 0) - 1, pos, mask=take)
         written += tl.sum(take.to(tl.int32), 0)
         ties_seen += tl.sum(tie.to(tl.int32), 0)
+    for j0 in range(tl.minimum(n, topk), topk, BLOCK):
+        pos = j0 + tl.arange(0, BLOCK)
+        tl.store(out_row + pos, tl.full([BLOCK], -1, tl.int32), mask=pos < topk)
 
 
 def topk_positions(
@@ -148,10 +170,16 @@ def topk_positions(
     key_limit: torch.Tensor,
     topk: int,
     out: torch.Tensor | None = None,
-    chunk: int = 16384,
+    chunk: int = 8192,
     block: int = 4096,
+    select_block: int = 2048,
+    sample: int = SAMPLE,
 ) -> torch.Tensor:
-    """logits [T, >= max key_limit] fp32, key_limit [T] int32 -> positions [T, topk] int32."""
+    """logits [T, >= max key_limit] fp32, key_limit [T] int32 -> positions [T, topk] int32.
+
+    chunk/block: keys per program and per loop step of the whole-row launch; select_block: the
+    per-row select's step; sample: keys in the bound's sample (a power of 2). Workspace: two int32
+    per logit (candidate keys and positions)."""
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     assert key_limit.dtype == torch.int32 and key_limit.shape == (logits.shape[0],)
     T, width = logits.shape
@@ -162,21 +190,19 @@ def topk_positions(
         return out
     block = min(chunk, block)
     num_chunks = triton.cdiv(width, chunk)
-    hist = torch.zeros(T, 4, 256, dtype=torch.int32, device=logits.device)
-    counts = torch.empty(T, num_chunks, 2, dtype=torch.int32, device=logits.device)
-    grid = (num_chunks, T)
-    warps = max(4, min(8, block // 512))
-    for num_pass in range(4):
-        _digit_histogram_kernel[grid](
-            logits, key_limit, hist, logits.stride(0), topk, num_pass, CHUNK=chunk, BLOCK=block,
-            MATCHES_FEW=num_pass > 0, num_warps=warps,
-        )
-    _chunk_counts_kernel[grid](
-        logits, key_limit, hist, counts, logits.stride(0), topk, num_chunks, CHUNK=chunk, BLOCK=block, num_warps=warps
+    bound = torch.empty(T, dtype=torch.int32, device=logits.device)
+    cand_key = torch.empty(T, width, dtype=torch.int32, device=logits.device)
+    cand_pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
+    num_cand = torch.empty(T, num_chunks, dtype=torch.int32, device=logits.device)
+    _sample_bound_kernel[(T,)](logits, key_limit, bound, logits.stride(0), topk, SAMPLE=sample, num_warps=8)
+    _candidates_kernel[(num_chunks, T)](
+        logits, key_limit, bound, cand_key, cand_pos, num_cand, logits.stride(0), cand_key.stride(0), num_chunks,
+        CHUNK=chunk, BLOCK=block, num_warps=max(4, min(8, block // 512)),
     )
-    _compact_kernel[grid](
-        logits, key_limit, hist, counts, out, logits.stride(0), out.stride(0), topk, num_chunks,
-        CHUNK=chunk, BLOCK=block, MAX_CHUNKS=triton.next_power_of_2(num_chunks), num_warps=warps,
+    _select_kernel[(T,)](
+        logits, key_limit, cand_key, cand_pos, num_cand, out, logits.stride(0), cand_key.stride(0), out.stride(0),
+        topk, num_chunks, CHUNK=chunk, BLOCK=select_block, MAX_CHUNKS=triton.next_power_of_2(num_chunks),
+        num_warps=max(4, min(8, select_block // 256)),
     )
     return out
 

@@ -7,7 +7,10 @@ FP8 scales applied to score/probability tiles, a fused top-digit histogram, hand
 indexer keys); sweep_run7.log two more (indexer keys on the wgmma M side, which does get the
 e4m3 gather pipelined but measured 276 vs 260 us, and a first top-k pass by global atomics,
 190 vs 130 us); sweep_run8.log prefill query blocks of 2-8 queries sharing each indexer key
-tile (at best a tie): each lost to what stayed.
+tile (at best a tie): each lost to what stayed. Session 3 (sweep_run9-12.log): the fp16 indexer
+dot, three top-k designs (candidates by leading digit, by a sorted sample, by a sample's
+histogram; the last stayed), keys-on-M again in fp16 (lost), fp16 FP8-MLA dequantization (lost
+at 64 heads, +3-5% at 16: not kept).
 
   mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
   python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR]
@@ -21,6 +24,7 @@ Prints one line per problem, fastest first, and writes every timing to --out.
 """
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -60,7 +64,8 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
         ("bf16", 64, "small"): [(16, 64, 4, 3, False), (16, 64, 4, 4, False), (16, 32, 4, 4, False)],
         ("bf16", 256, "small"): [(16, 64, 4, 4, False), (16, 64, 4, 5, False), (16, 32, 4, 4, False)],
         ("bf16", 64, "all"): [(64, 64, 8, 4, False), (64, 64, 8, 3, False), (64, 32, 8, 5, False)],
-        ("fp8", 64, "small"): [(16, 64, 8, 1, True), (16, 32, 8, 1, True)],
+        ("fp8", 64, "small"): [(16, 64, 8, 1, True), (16, 32, 8, 1, True), (16, 64, 4, 4, False), (16, 64, 4, 3, False),
+                               (16, 64, 4, 1, True), (16, 64, 8, 3, False)],
         ("fp8", 64, "all"): [(64, 64, 8, 2, False), (64, 32, 8, 3, False), (64, 64, 8, 3, False)],
     }
     cands[("fp8", 256, "small")] = cands[("fp8", 64, "small")]
@@ -97,6 +102,8 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
                     res.append((name, timed(problem, name, lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), floor)))
             res = sorted((t, n) for n, t in res if t)
             log(f"{problem} floor {floor * 1e6:.0f}us: " + "; ".join(f"{n} {t * 1e6:.1f}us {100 * floor / t:.0f}%" for t, n in res[:8]))
+            if T == 64 and H == 16:
+                log(f"  {problem} default per kernel: " + kernel_times(lambda: sparse_mla_fwd(q, kv, idx, scale)))
             base = [t for t, n in res if n == "sglang"]
             if base:
                 log(f"    best vs sglang: {base[0] / res[0][0]:.2f}x")
@@ -105,11 +112,11 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
 def indexer_sweep(ceil, prev):
     from glm_dsa_kernels.indexer import IndexerConfig as IC
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
-    from glm_dsa_kernels.topk_select import topk_positions
+    from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
 
-    logit_cands = [IC(128, 1024, 3, 4), IC(128, 2048, 3, 4), IC(128, 1024, 4, 4), IC(128, 512, 3, 4),
-                   IC(64, 1024, 4, 4), IC(128, 1024, 3, 8), IC(128, 4096, 3, 4)]
-    topk_cands = [(4096, 2048), (8192, 4096), (8192, 8192), (16384, 4096), (2048, 2048)]
+    logit_cands = [IC(128, 2048, 3, 4), IC(128, 4096, 3, 4), IC(128, 4096, 4, 4), IC(128, 8192, 3, 4)]
+    topk_cands = [(16384, 4096, 2048, 4096), (16384, 4096, 1024, 4096), (16384, 4096, 4096, 4096),
+                  (32768, 8192, 2048, 4096), (16384, 4096, 2048, 2048), (8192, 4096, 2048, 4096)]
     for B, keys in ((64, 65536), (32, 131072)):
         problem = f"indexer B={B} keys={keys}"
         q, w, k_cache, pt, qr, kl = decode_indexer_inputs(B, keys)
@@ -121,24 +128,39 @@ def indexer_sweep(ceil, prev):
                 else indexer_topk(q, w, k_cache, pt, qr, kl, 2048))  # every variant must give these positions
         if prev is not None:
             parts.append((timed(problem, "prev indexer_topk", lambda: prev_idx.indexer_topk(q, w, k_cache, pt, qr, kl, 2048), floor), "prev indexer_topk"))
+            parts.append((timed(problem, "prev logits", lambda: prev_idx.indexer_logits(q, w, k_cache, pt, qr, kl, lg), floor), "prev logits"))
+            parts.append((timed(problem, "prev topk alone", lambda: prev_idx.topk_positions(lg, kl, 2048), floor), "prev topk alone"))
+        lg0 = torch.empty_like(lg)
+        indexer_logits(q, w, k_cache, pt, qr, kl, lg0)
         for c in logit_cands:
+            indexer_logits(q, w, k_cache, pt, qr, kl, lg.fill_(float("nan")), config=c)
+            if not rel_err(lg, lg0) < 1e-5:
+                log(f"  {problem} {c}: WRONG logits, rel err {rel_err(lg, lg0):.2e}")
+                continue
             name = f"logits bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps}"
             t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
             parts.append((t, name))
             if t:
                 logit_times.append((t, c))
-        for chunk, block in topk_cands:
-            name = f"topk alone chunk{chunk} block{block}"
-            t = timed(problem, name, lambda: topk_positions(lg, kl, 2048, chunk=chunk, block=block), floor)
+        indexer_logits(q, w, k_cache, pt, qr, kl, lg)
+        want_lg = topk_positions_ref(lg, kl, 2048)
+        for chunk, block, sel, sample in topk_cands:
+            name = f"topk alone chunk{chunk} block{block} select{sel} sample{sample}"
+            kw = dict(chunk=chunk, block=block, select_block=sel, sample=sample)
+            if not torch.equal(topk_positions(lg, kl, 2048, **kw), want_lg):
+                log(f"  {problem} {name}: WRONG top-k")
+                continue
+            t = timed(problem, name, lambda: topk_positions(lg, kl, 2048, **kw), floor)
             parts.append((t, name))
             if t:
-                topk_times.append((t, (chunk, block)))
+                topk_times.append((t, kw))
         parts = sorted(p for p in parts if p[0])
         log(f"{problem} floor {floor * 1e6:.0f}us, parts: " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in parts))
         full = []
         for _, c in sorted(logit_times, key=lambda x: x[0])[:2]:
-            for _, (chunk, block) in sorted(topk_times, key=lambda x: x[0])[:2]:
-                cfg = IC(c.block_n, c.keys_per_program, c.num_stages, c.num_warps, chunk, block)
+            for _, kw in sorted(topk_times, key=lambda x: x[0])[:2]:
+                cfg = dataclasses.replace(c, topk_chunk=kw["chunk"], topk_block=kw["block"],
+                                          topk_select_block=kw["select_block"], topk_sample=kw["sample"])
                 got = indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg)
                 if want is not None and not torch.equal(got, want):
                     log(f"  {problem} {cfg}: top-k differs from the reference version in {(got != want).any(1).sum().item()} rows")
@@ -146,7 +168,20 @@ def indexer_sweep(ceil, prev):
                 full.append((timed(problem, name, lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg), floor), name))
         full = sorted(f for f in full if f[0])
         log(f"{problem} floor {floor * 1e6:.0f}us: " + "; ".join(f"{n} {t * 1e6:.1f}us {100 * floor / t:.0f}%" for t, n in full))
+        log(f"  {problem} default indexer_topk per kernel: " + kernel_times(lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048)))
         del k_cache, pt, lg
+
+
+def kernel_times(fn, iters=20):
+    """Mean device time per call of each kernel fn launches (torch.profiler)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = [(e.device_time_total / iters, e.key) for e in prof.key_averages() if e.device_time_total > 0]
+    return "; ".join(f"{k[:40]} {t:.1f}us" for t, k in sorted(rows, reverse=True))
 
 
 prev_idx = None

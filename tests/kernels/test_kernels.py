@@ -2,6 +2,7 @@
 ragged lengths. "cuda" runs on a GPU; "interp" runs tiny shapes on CPU under TRITON_INTERPRET=1
 (test_interpreted.py starts that in a subprocess, since the variable must be set before import)."""
 
+import dataclasses
 import os
 
 import pytest
@@ -82,11 +83,13 @@ def test_sparse_mla_default_config(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k_fp8", [False, True])
 @pytest.mark.parametrize("config", [
-    IndexerConfig(), IndexerConfig(block_n=64, keys_per_program=128, num_stages=2),
+    IndexerConfig(), IndexerConfig(block_n=64, keys_per_program=128, num_stages=2, topk_sample=512),
 ])
 def test_indexer(device, k_fp8, config):
     dev = _dev(device)
     torch.manual_seed(7 + k_fp8)
+    if device == "interp":  # the interpreter sorts slowly: a smaller top-k sample
+        config = dataclasses.replace(config, topk_sample=256)
     B, max_pages, num_pages, topk = (4, 40, 200, 512) if device == "cuda" else (3, 5, 20, 64)
     k_bf16 = torch.randn(num_pages, 64, 128, device=dev).bfloat16()
     k_cache = quantize_index_k_fp8(k_bf16) if k_fp8 else k_bf16
@@ -95,7 +98,11 @@ def test_indexer(device, k_fp8, config):
     query_req = torch.randint(0, B, (T,), device=dev, dtype=torch.int32)
     key_limit = torch.randint(1, max_pages * 64 + 1, (T,), device=dev, dtype=torch.int32)
     key_limit[0] = topk - 3  # fewer keys than topk: -1 padding
-    q = torch.randn(T, 32, 128, device=dev).bfloat16()
+    q = torch.randn(T, 32, 128, device=dev)
+    q[1, 0] *= 1e4  # heads far from 1 in magnitude: the fp16 dot's per-head power-of-two scaling
+    q[2, 1] = 0.0
+    q[3, 2] *= 1e-6
+    q = q.bfloat16()
     w = torch.randn(T, 32, device=dev) * 128**-0.5
     logits = torch.full((T, max_pages * 64), float("nan"), device=dev)
     indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=config)
@@ -104,7 +111,7 @@ def test_indexer(device, k_fp8, config):
     assert not logits[valid].isnan().any()
     assert _rel(logits[valid], ref[valid]) < 1e-5
     # on the GPU the logits workspace holds 3 queries, so the query-chunk loop runs too
-    workspace = 4 * 64 * max_pages * (3 if device == "cuda" else T)
+    workspace = 12 * 64 * max_pages * (3 if device == "cuda" else T)
     got = indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, max_logits_bytes=workspace, config=config)
     # exact on the kernel's own fp32 logits (tie rule included) ...
     want = topk_positions_ref(logits.masked_fill(~valid, float("-inf")).cpu(), key_limit.cpu(), topk)
@@ -120,17 +127,21 @@ def test_indexer(device, k_fp8, config):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("chunk,block", [(1024, 1024), (2048, 512)])
-def test_topk_select_ties(device, chunk, block):
+@pytest.mark.parametrize("chunk,block,sample", [(1024, 1024, 1024), (2048, 512, 256)])
+def test_topk_select_ties(device, chunk, block, sample):
     dev = _dev(device)
     W = 20000 if device == "cuda" else 3000
-    logits = torch.randn(6, W, device=dev)
+    logits = torch.randn(8, W, device=dev)
     logits[1] = torch.randint(0, 4, (W,), device=dev).float()  # heavy ties at the cut
     logits[2] = -1.5  # all equal
     logits[3, ::2] = -0.0
     logits[3, 1::2] = 0.0
-    key_limit = torch.tensor([W, W - 7, 2049, W // 2, 17, 300], dtype=torch.int32, device=dev)
-    got = topk_positions(logits, key_limit, 300, chunk=chunk, block=block)
+    logits[6] = torch.rand(W, device=dev) + 3.0  # one leading digit for every key: all are candidates
+    stride = -(-W // sample)
+    logits[7] = -1.0  # every sampled key is high: too few candidates, the row is walked whole
+    logits[7, ::stride] = 5.0 + torch.rand(logits[7, ::stride].shape, device=dev)
+    key_limit = torch.tensor([W, W - 7, 2049, W // 2, 17, 300, W, W], dtype=torch.int32, device=dev)
+    got = topk_positions(logits, key_limit, 300, chunk=chunk, block=block, select_block=256, sample=sample)
     assert torch.equal(got.cpu(), topk_positions_ref(logits.cpu(), key_limit.cpu(), 300))
 
 
