@@ -2,7 +2,6 @@
 ragged lengths. "cuda" runs on a GPU; "interp" runs tiny shapes on CPU under TRITON_INTERPRET=1
 (test_interpreted.py starts that in a subprocess, since the variable must be set before import)."""
 
-import dataclasses
 import os
 
 import pytest
@@ -88,8 +87,6 @@ def test_sparse_mla_default_config(device):
 def test_indexer(device, k_fp8, config):
     dev = _dev(device)
     torch.manual_seed(7 + k_fp8)
-    if device == "interp":  # the interpreter sorts slowly: a smaller top-k sample
-        config = dataclasses.replace(config, topk_sample=256)
     B, max_pages, num_pages, topk = (4, 40, 200, 512) if device == "cuda" else (3, 5, 20, 64)
     k_bf16 = torch.randn(num_pages, 64, 128, device=dev).bfloat16()
     k_cache = quantize_index_k_fp8(k_bf16) if k_fp8 else k_bf16
