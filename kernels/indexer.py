@@ -52,6 +52,12 @@ class IndexerConfig:
 
 
 @triton.jit
+def _pow2(e):
+    """2^e as fp32 for integer e in [-126, 127] (built from the exponent bits: exact)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
@@ -75,8 +81,8 @@ def _indexer_logits_kernel(
             amax = tl.max(tl.abs(qf), 1)
             log2_amax = ((amax.to(tl.uint32, bitcast=True) >> 23) & 255).to(tl.int32) - 127
             shift = tl.minimum(tl.maximum(14 - log2_amax, -24), 24)
-            q = (qf * ((shift + 127) << 23).to(tl.float32, bitcast=True)[:, None]).to(F16_DTYPE)
-            w = w * ((127 - shift) << 23).to(tl.float32, bitcast=True)
+            q = (qf * _pow2(shift)[:, None]).to(F16_DTYPE)
+            w = w * _pow2(-shift)
         else:
             q = q.to(DOT_DTYPE)
         b = tl.load(query_req_ptr + t)

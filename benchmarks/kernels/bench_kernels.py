@@ -71,6 +71,8 @@ def bench(fn, rep=100, graph=True):
     run(max(3, n // 4))  # warm-up
     times = run(n)
     return times[len(times) // 2] * 1e-3
+
+
 def measure_ceilings():
     n = 1 << 30  # 2 GiB bf16 source, 2 GiB destination
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -102,12 +104,13 @@ class Table:
     def time(self, shape, impl, fn, nbytes, flops, rep=100, note=""):
         """Time fn; a failing implementation becomes a failed check instead of ending the table."""
         try:
+            eager = bench(fn, rep=rep, graph=False)
             try:
                 t = bench(fn, rep=rep)
             except Exception as exc:  # said in the row, never silent
                 log(f"{impl} {shape}: no CUDA graph ({type(exc).__name__}), timed from Python launches")
-                t, note = bench(fn, rep=rep, graph=False), f"{note}; no CUDA graph: Python launches".lstrip("; ")
-            self.add(shape, impl, t, nbytes, flops, note, eager=bench(fn, rep=rep, graph=False))
+                t, note = eager, f"{note}; no CUDA graph: Python launches".lstrip("; ")
+            self.add(shape, impl, t, nbytes, flops, note, eager=eager)
         except Exception:
             traceback.print_exc()
             check(f"{self.tag} {shape} {impl} ran", False, traceback.format_exc().splitlines()[-1])

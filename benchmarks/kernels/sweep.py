@@ -142,15 +142,14 @@ def indexer_sweep(ceil, prev):
             parts.append((t, name))
             if t:
                 logit_times.append((t, c))
-        indexer_logits(q, w, k_cache, pt, qr, kl, lg)
-        want_lg = topk_positions_ref(lg, kl, 2048)
+        want_lg = topk_positions_ref(lg0, kl, 2048)
         for chunk, block, sel, sample in topk_cands:
             name = f"topk alone chunk{chunk} block{block} select{sel} sample{sample}"
             kw = dict(chunk=chunk, block=block, select_block=sel, sample=sample)
-            if not torch.equal(topk_positions(lg, kl, 2048, **kw), want_lg):
+            if not torch.equal(topk_positions(lg0, kl, 2048, **kw), want_lg):
                 log(f"  {problem} {name}: WRONG top-k")
                 continue
-            t = timed(problem, name, lambda: topk_positions(lg, kl, 2048, **kw), floor)
+            t = timed(problem, name, lambda: topk_positions(lg0, kl, 2048, **kw), floor)
             parts.append((t, name))
             if t:
                 topk_times.append((t, kw))
@@ -162,14 +161,14 @@ def indexer_sweep(ceil, prev):
                 cfg = dataclasses.replace(c, topk_chunk=kw["chunk"], topk_block=kw["block"],
                                           topk_select_block=kw["select_block"], topk_sample=kw["sample"])
                 got = indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg)
-                if want is not None and not torch.equal(got, want):
+                if not torch.equal(got, want):
                     log(f"  {problem} {cfg}: top-k differs from the reference version in {(got != want).any(1).sum().item()} rows")
                 name = f"pipeline {cfg}"
                 full.append((timed(problem, name, lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=cfg), floor), name))
         full = sorted(f for f in full if f[0])
         log(f"{problem} floor {floor * 1e6:.0f}us: " + "; ".join(f"{n} {t * 1e6:.1f}us {100 * floor / t:.0f}%" for t, n in full))
         log(f"  {problem} default indexer_topk per kernel: " + kernel_times(lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048)))
-        del k_cache, pt, lg
+        del k_cache, pt, lg, lg0
 
 
 def kernel_times(fn, iters=20):

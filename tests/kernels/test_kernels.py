@@ -133,7 +133,7 @@ def test_topk_select_ties(device, chunk, block, sample):
     logits[2] = -1.5  # all equal
     logits[3, ::2] = -0.0
     logits[3, 1::2] = 0.0
-    logits[6] = torch.rand(W, device=dev) + 3.0  # one leading digit for every key: all are candidates
+    logits[6] = torch.rand(W, device=dev) + 3.0  # every key shares its leading digit: all four digits decide
     stride = -(-W // sample)
     logits[7] = -1.0  # every sampled key is high: too few candidates, the row is walked whole
     logits[7, ::stride] = 5.0 + torch.rand(logits[7, ::stride].shape, device=dev)
