@@ -1,0 +1,61 @@
+"""Launch one benchmark problem's kernel a few times for Nsight Compute (ncu) to profile.
+
+  mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  ncu --clock-control none -k regex:_indexer_logits_kernel --launch-skip 2 --launch-count 2 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+      --section LaunchStats --section ComputeWorkloadAnalysis \
+      python3 benchmarks/kernels/ncu_kernels.py indexer-logits --prev DIR   # ncu_indexer_logits.txt
+  ncu --clock-control none -k regex:_sparse_mla_fwd_kernel --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
+      python3 benchmarks/kernels/ncu_kernels.py mla-fp8                     # ncu_sparse_mla_fp8_*.txt
+
+indexer-logits: the decode indexer's logits kernel at batch 64 x 64K FP8 keys, alternating with the
+previous kernels' (--prev DIR holds them as glm_dsa_kernels_prev, see sweep.py), so the two
+profiled launches are this version's, then the previous one's. ncu_indexer_logits.txt: this
+kernel at 1024 keys per program against 6b54424's. mla-fp8: sparse MLA decode, FP8 KV, batch 256,
+16 heads, default launch shape; ncu_sparse_mla_fp8_fp16dequant.txt profiled it with
+experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kernels import decode_indexer_inputs, mla_inputs  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("problem", choices=["indexer-logits", "mla-fp8"])
+    ap.add_argument("--prev", type=Path, help="folder holding a previous glm_dsa_kernels as glm_dsa_kernels_prev")
+    args = ap.parse_args()
+    if args.problem == "indexer-logits":
+        from glm_dsa_kernels.indexer import indexer_logits
+
+        runs = [indexer_logits]
+        if args.prev:
+            sys.path.insert(0, str(args.prev))
+            import glm_dsa_kernels_prev.indexer as prev
+
+            runs.append(prev.indexer_logits)
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(64, 65536)
+        lg = torch.empty(64, 65536, device="cuda")
+        for _ in range(2):
+            for fn in runs:
+                fn(q, w, k_cache, pt, qr, kl, lg)
+    else:
+        from glm_dsa_kernels.sparse_mla import quantize_kv_fp8, sparse_mla_fwd
+
+        kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
+        kv_fp8 = quantize_kv_fp8(kv)
+        q, idx = mla_inputs(kv, 256, 16, 2048, 7)
+        for _ in range(2):
+            sparse_mla_fwd(q, kv_fp8, idx, 576**-0.5)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
