@@ -28,26 +28,35 @@ def _no_cuda_capability():
 
 
 def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
-    """SGLang's model-specific server-arg defaults, made to fit GLM-DSA on CPU."""
+    """SGLang's model-specific server-arg defaults, made to fit GLM-DSA with the plugin's backends."""
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
+    from sglang_glm.plugin import TRITON_BACKEND_NAME
+
     user = resolving_view(server_args)
     user_kv_dtype, user_page = user.kv_cache_dtype, user.page_size
-    with _no_cuda_capability():
+    user_backend = (user.attention_backend, user.prefill_attention_backend, user.decode_attention_backend)
+    if _on_cpu():
+        with _no_cuda_capability():
+            result = original(server_args, *args, **kwargs)
+    else:
         result = original(server_args, *args, **kwargs)
+    if not is_glm_dsa(model_config_of(server_args).hf_config):
+        return result
+    if not _on_cpu():
+        # SGLang's `dsa` default needs FlashMLA and DeepGEMM; the plugin's Triton backend is the
+        # CUDA path this project runs (README, "On a GPU").
+        if user_backend == (None, None, None):
+            declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND_NAME)
+        return result
     # The DSA default turns "auto" into a GPU cache dtype; on CPU the cache keeps the model dtype.
     if user_kv_dtype == "auto":
         declare_resolution(server_args, "sglang_glm", kv_cache_dtype="auto")
     # SGLang forces 64-token pages on DSA models, and refuses eagle topk > 1 with pages > 1 on any
     # backend but flashinfer/fa3/triton; the CPU DSA backend serves page 1, so tree drafts get it.
     topk = resolving_view(server_args).speculative_eagle_topk
-    if (
-        topk is not None
-        and topk > 1
-        and user_page in (None, 1)
-        and is_glm_dsa(model_config_of(server_args).hf_config)
-    ):
+    if topk is not None and topk > 1 and user_page in (None, 1):
         declare_resolution(server_args, "sglang_glm", page_size=1)
     return result
 
@@ -66,38 +75,57 @@ def _cpu_backends_with_dsa_default(original, server_args, *args, **kwargs):
     return result
 
 
-def _ours(factory) -> bool:
-    """Whether EAGLE's draft backends for this draft runner should be the plugin's DSA backend."""
+def _plugin_draft_backend(factory) -> str | None:
+    """The plugin backend EAGLE's draft passes of this draft runner run on, if any."""
     from sglang.srt.runtime_context import attention_backends
 
     from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+    from sglang_glm.plugin import TRITON_BACKEND_NAME
 
     prefill, decode = attention_backends()
-    return (factory.draft_attn_backend or decode) == BACKEND_NAME or (
-        factory.draft_attn_backend is None and prefill == BACKEND_NAME
-    )
+    name = factory.draft_attn_backend or decode or prefill
+    return name if name in (BACKEND_NAME, TRITON_BACKEND_NAME) else None
 
 
 def _draft_decode_backend(original, factory, *args, **kwargs):
     # SGLang maps backend names to EAGLE multi-step draft backends in a hard-coded dict.
-    if not _ours(factory):
+    name = _plugin_draft_backend(factory)
+    if name is None:
         return original(factory, *args, **kwargs)
     if factory.speculative_num_steps <= 1:
         return None
-    from sglang_glm.attention.torch_dsa_backend import TorchDSAMultiStepDraftBackend
+    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME, TorchDSAMultiStepDraftBackend
 
-    return TorchDSAMultiStepDraftBackend(
-        factory.draft_model_runner, factory.topk, factory.speculative_num_steps
-    )
+    if name == BACKEND_NAME:
+        backend_class = TorchDSAMultiStepDraftBackend
+    else:
+        from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend as backend_class
+    return backend_class(factory.draft_model_runner, factory.topk, factory.speculative_num_steps)
 
 
 def _draft_extend_backend(original, factory, *args, **kwargs):
     # Same hard-coded dict for the draft-extend backend.
-    if not _ours(factory):
+    name = _plugin_draft_backend(factory)
+    if name is None:
         return original(factory, *args, **kwargs)
-    from sglang_glm.attention.torch_dsa_backend import TorchDSABackend
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    return TorchDSABackend(factory.draft_model_runner)
+    return ATTENTION_BACKENDS[name](factory.draft_model_runner)
+
+
+def _allocate_forward_buffers(result, model_runner, *args, **kwargs):
+    # The top-k buffer is sized by the runner's request slots, known once its pools exist; sizing
+    # it here, before CUDA-graph capture, gives every forward the same addresses.
+    from sglang_glm.models.glm_dsa import GlmMoeDsaForCausalLM
+    from sglang_glm.models.glm_dsa_nextn import GlmMoeDsaForCausalLMNextN
+    from sglang_glm.topk_buffer import max_forward_tokens
+
+    model = model_runner.model
+    if isinstance(model, (GlmMoeDsaForCausalLM, GlmMoeDsaForCausalLMNextN)):
+        model.allocate_forward_buffers(
+            max_forward_tokens(model_runner), model_runner.req_to_token_pool.size, model_runner.device
+        )
+    return result
 
 
 def _spec_server_args():
@@ -126,14 +154,14 @@ def _refuse_sampled_verify_on_cpu(result, params, *args, **kwargs):
 
 
 def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
-    # Combinations the plugin's CPU MTP path cannot serve fail here, at start-up, by name.
+    # Combinations the plugin's MTP path cannot serve fail here, at start-up, by name.
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
 
     result = original(server_args, *args, **kwargs)
     if is_glm_dsa(model_config_of(server_args).hf_config):
         from sglang_glm.mtp.validate import check_spec_args
 
-        check_spec_args(resolving_view(server_args))
+        check_spec_args(resolving_view(server_args), on_cpu=_on_cpu())
     return result
 
 
@@ -207,6 +235,7 @@ def apply() -> None:
     """Register the plugin's hooks; SGLang's `load_plugins` applies them after all plugins ran."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    # Every platform.
     HookRegistry.register(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
         _plugin_kv_pool,
@@ -217,14 +246,35 @@ def apply() -> None:
         _reject_unservable_request,
         HookType.BEFORE,
     )
-    if not _on_cpu():
-        return
-
     HookRegistry.register(
         "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
         _glm_dsa_model_adjustments,
         HookType.AROUND,
     )
+    HookRegistry.register(
+        "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",
+        _allocate_forward_buffers,
+        HookType.AFTER,
+    )
+    HookRegistry.register(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
+        _draft_decode_backend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+        _draft_extend_backend,
+        HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
+        _validate_glm_dsa_spec,
+        HookType.AROUND,
+    )
+    if not _on_cpu():
+        return
+
+    # CPU only.
     HookRegistry.register(
         "sglang.srt.distributed.parallel_state.init_model_parallel_group",
         _no_pynccl_on_cpu,
@@ -239,16 +289,6 @@ def apply() -> None:
         "sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, HookType.AROUND
     )
     HookRegistry.register(
-        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
-        _draft_decode_backend,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
-        _draft_extend_backend,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
         "sglang.srt.sampling.sampling_params.SamplingParams.verify",
         _refuse_sampled_verify_on_cpu,
         HookType.AFTER,
@@ -257,9 +297,4 @@ def apply() -> None:
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
         _per_position_acceptance,
         HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
-        _validate_glm_dsa_spec,
-        HookType.AROUND,
     )

@@ -4,6 +4,10 @@ A full layer's indexer writes the top-k key positions of each query token of the
 layer (full or shared) passes the buffer into its sparse-MLA attention call, which reads the rows
 the most recent full layer wrote. Positions are per request (0 = the request's first token),
 -1 marks an unused slot (fewer visible keys than top-k).
+
+The storage is allocated once, on the model's device, for the most tokens SGLang can put in one
+forward (`max_forward_tokens`), so CUDA-graph capture and replay read and write fixed addresses
+and a forward never allocates or copies to the host.
 """
 
 from __future__ import annotations
@@ -12,21 +16,33 @@ import torch
 
 
 class TopkBuffer:
-    def __init__(self, topk: int, device: torch.device | str = "cpu"):
+    def __init__(self, topk: int):
         self.topk = topk
-        self.device = torch.device(device)
-        self._storage = torch.empty((0, topk), dtype=torch.int32, device=self.device)
+        self._storage: torch.Tensor | None = None
         self.num_tokens = 0
         # Layer id of the full layer whose rows the buffer holds; None before the first write.
         self.source_layer: int | None = None
 
+    @property
+    def capacity(self) -> int:
+        return 0 if self._storage is None else self._storage.shape[0]
+
+    @property
+    def device(self) -> torch.device | None:
+        return None if self._storage is None else self._storage.device
+
+    def allocate(self, max_tokens: int, device: torch.device | str) -> None:
+        """Once, before the first forward (the plugin does it when SGLang builds the runner's backends)."""
+        self._storage = torch.full((max_tokens, self.topk), -1, dtype=torch.int32, device=device)
+
     def begin_forward(self, num_tokens: int) -> None:
-        """Size the buffer for a batch; the rows become unreadable until a full layer writes."""
-        if num_tokens > self._storage.shape[0]:
-            self._storage = torch.empty(
-                (max(num_tokens, 2 * self._storage.shape[0]), self.topk),
-                dtype=torch.int32,
-                device=self.device,
+        """Start a batch of num_tokens query tokens; the rows become unreadable until a full layer writes."""
+        if num_tokens > self.capacity:
+            raise RuntimeError(
+                f"a forward of {num_tokens} tokens does not fit the top-k buffer "
+                f"({self.capacity} rows{'' if self._storage is not None else ', never allocated'}); "
+                "it is sized when SGLang initialises the model runner's attention backends "
+                "(sglang_glm.sglang_patches) from the prefill budget and the request slots"
             )
         self.num_tokens = num_tokens
         self.source_layer = None
@@ -46,3 +62,19 @@ class TopkBuffer:
                 f"layer {layer_id} reads top-k before any full layer at or before it wrote them"
             )
         return self._storage[: self.num_tokens]
+
+
+def max_forward_tokens(model_runner) -> int:
+    """Most query tokens SGLang 0.5.23 puts into one forward of this model runner.
+
+    A prefill batch holds at most the prefill token budget, or one chunk, or (chunking off) one
+    whole context; a mixed batch adds one decode token per request slot; decode, target-verify
+    and EAGLE draft passes hold at most (draft tokens | eagle top-k) tokens per request slot.
+    """
+    from sglang.srt.runtime_context import get_schedule, get_server_args
+
+    schedule, args = get_schedule(), get_server_args()
+    chunk = schedule.chunked_prefill_size or 0
+    prefill = max(schedule.max_prefill_tokens or 0, chunk if chunk > 0 else model_runner.model_config.context_len)
+    per_request = max(args.speculative_num_draft_tokens or 1, args.speculative_eagle_topk or 1)
+    return prefill + model_runner.req_to_token_pool.size * per_request

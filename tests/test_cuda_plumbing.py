@@ -57,29 +57,69 @@ def test_kv_pool_follows_the_attention_backend():
         assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
 
 
-def test_triton_backend_batch_layout():
+def _triton_backend(req_to_token):
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
 
-    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
     runner = SimpleNamespace(
         device=torch.device("cpu"),
+        page_size=64,
         req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
         token_to_kv_pool=None,
     )
-    backend = TritonDSABackend(runner)
+    with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
+        return TritonDSABackend(runner)
+
+
+def test_triton_backend_batch_layout():
+    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
+    backend = _triton_backend(req_to_token)
     # Request slots 2 and 0: 3 new tokens after 100 cached, and 2 new tokens from scratch.
     batch = SimpleNamespace(
         forward_mode=ForwardMode.EXTEND,
         batch_size=2,
         seq_lens=torch.tensor([103, 2]),
-        extend_seq_lens_cpu=[3, 2],
+        seq_lens_cpu=torch.tensor([103, 2]),
+        extend_seq_lens=torch.tensor([3, 2]),
         req_pool_indices=torch.tensor([2, 0]),
         positions=torch.tensor([100, 101, 102, 0, 1]),
-        spec_info=None,
     )
     backend.init_forward_metadata(batch)
-    assert backend.query_batch.tolist() == [0, 0, 0, 1, 1]
-    assert backend.query_req.tolist() == [2, 2, 2, 0, 0]
-    assert backend.key_limit.tolist() == [101, 102, 103, 1, 2]
+    meta = backend.forward_metadata
+    assert meta.query_batch.tolist() == [0, 0, 0, 1, 1]
+    assert meta.query_req.tolist() == [2, 2, 2, 0, 0]
+    assert meta.key_limit.tolist() == [101, 102, 103, 1, 2]
     # Slot row 2 starts at token 576 = page 9; pages are read through req_to_token.
-    assert backend.page_table.tolist() == [[9, 10], [1, 2]]
+    assert meta.page_table.tolist() == [[9, 10], [1, 2]]
+
+
+def test_triton_backend_graph_buffers_verify_and_draft_steps():
+    from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend
+
+    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
+    backend = _triton_backend(req_to_token)
+    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=16)
+    buffers = [t.data_ptr() for t in vars(backend.graph_metadata).values()]
+    # Target verify, 3 draft tokens per request: fixed layout, written into the static buffers.
+    verify = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=2, seq_lens=torch.tensor([10, 70]),
+        req_pool_indices=torch.tensor([3, 1]), positions=torch.tensor([10, 11, 12, 70, 71, 72]),
+    )
+    backend.init_forward_metadata_out_graph(verify)
+    meta = backend.forward_metadata
+    assert [t.data_ptr() for t in vars(meta).values()] == buffers
+    assert meta.query_batch.tolist() == [0, 0, 0, 1, 1, 1]
+    assert meta.query_req.tolist() == [3, 3, 3, 1, 1, 1]
+    assert meta.key_limit.tolist() == [11, 12, 13, 71, 72, 73]
+    assert meta.page_table.shape == (2, 4) and meta.page_table[0, :2].tolist() == [13, 14]
+
+    # Draft steps 1.. of a chain: step i sees seq_lens + i + 1 keys, whatever positions say.
+    with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
+        runner = SimpleNamespace(device=torch.device("cpu"), page_size=64,
+                                 req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None)
+        draft = TritonDSAMultiStepDraftBackend(runner, topk=1, speculative_num_steps=3)
+    step_batch = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, batch_size=2, seq_lens=torch.tensor([10, 70]),
+        seq_lens_cpu=torch.tensor([10, 70]), req_pool_indices=torch.tensor([3, 1]), positions=torch.tensor([10, 70]),
+    )
+    draft.init_forward_metadata(step_batch)
+    assert [b.forward_metadata.key_limit.tolist() for b in draft.attn_backends] == [[11, 71], [12, 72]]

@@ -1,9 +1,12 @@
-"""KV pool for the plain-PyTorch DSA backend: latent MLA KV per layer, index keys per full layer.
+"""KV pool for the plugin's DSA backends: latent MLA KV per layer, index keys per full layer.
 
-SGLang's `DSATokenToKVPool` stores index keys as FP8 with CUDA writers and requires
-`index_head_dim == 128`. This pool keeps SGLang's MLA KV layout and addressing (it subclasses the
-pool SGLang builds for DSA models, so every isinstance check holds) but stores index keys in the
-model dtype, for full layers only: a shared layer owns no index-K memory at all.
+It keeps SGLang's MLA KV layout and addressing (it subclasses the pool SGLang builds for DSA
+models, so every isinstance check holds) but stores index keys for full layers only: a shared
+layer owns no index-K memory at all. Two layouts, by the KV dtype SGLang resolves:
+- the model dtype or bfloat16: [576]-wide latent+rope rows, index keys [slots, 128] in that dtype;
+- fp8_e4m3 (`--kv-cache-dtype fp8_e4m3`, Triton backend only): FlashMLA's 656-byte rows (SGLang's
+  own DSA writer quantizes them) and index keys in 64-token pages of 64 x 128 e4m3 bytes followed
+  by 64 fp32 scales (132 bytes a token), the layouts `glm_dsa_kernels` reads.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
 
 logger = logging.getLogger(__name__)
+
+FP8_INDEX_PAGE = 64  # tokens per FP8 index-K page (glm_dsa_kernels.indexer.PAGE_SIZE)
 
 
 class TorchDSAKVPool(DSATokenToKVPool):
@@ -36,7 +41,7 @@ class TorchDSAKVPool(DSATokenToKVPool):
         index_dtype: Optional[torch.dtype] = None,
         **unused_dsa_kwargs,  # FP8 index-K paging options of the CUDA pool
     ):
-        # Skip DSATokenToKVPool.__init__: it allocates the CUDA FP8 index-K layout.
+        # Skip DSATokenToKVPool.__init__: it allocates its index-K cache for every layer.
         MLATokenToKVPool.__init__(
             self,
             size,
@@ -50,21 +55,27 @@ class TorchDSAKVPool(DSATokenToKVPool):
             start_layer,
             end_layer,
             use_dsa=True,
+            # SGLang sizes FP8 DSA rows at 656 bytes (FlashMLA); other dtypes keep 576 values.
+            override_kv_cache_dim=kv_cache_dim if kv_cache_dim != kv_lora_rank + qk_rope_head_dim else None,
         )
         self.index_head_dim = index_head_dim
-        self.index_dtype = index_dtype or dtype
+        self.fp8 = self.dsa_kv_cache_store_fp8
+        self.index_dtype = torch.uint8 if self.fp8 else (index_dtype or dtype)
         self.skip_topk_layers = list(skip_topk_layers or [False] * layer_num)
         if len(self.skip_topk_layers) != layer_num:
             raise ValueError(
                 f"skip_topk_layers has {len(self.skip_topk_layers)} entries for {layer_num} layers"
             )
         # Row 0 (and the page after `size`) are SGLang's padding slots, as in the latent KV.
-        self.index_k_buffer: List[Optional[torch.Tensor]] = [
-            None
-            if skip
-            else torch.zeros(
-                (size + page_size, index_head_dim), dtype=self.index_dtype, device=device
+        slots = size + page_size
+        if self.fp8 and (slots % FP8_INDEX_PAGE or page_size % FP8_INDEX_PAGE):
+            raise ValueError(
+                f"the FP8 index-K cache is laid out in {FP8_INDEX_PAGE}-token pages; the KV pool "
+                f"has page size {page_size}: start with --page-size {FP8_INDEX_PAGE}"
             )
+        shape = (slots // FP8_INDEX_PAGE, FP8_INDEX_PAGE * (index_head_dim + 4)) if self.fp8 else (slots, index_head_dim)
+        self.index_k_buffer: List[Optional[torch.Tensor]] = [
+            None if skip else torch.zeros(shape, dtype=self.index_dtype, device=device)
             for skip in self.skip_topk_layers
         ]
         self.kpool_use_compress = False
@@ -89,10 +100,40 @@ class TorchDSAKVPool(DSATokenToKVPool):
         return buf
 
     def set_index_k(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
-        self.index_k(layer_id)[loc] = index_k.to(self.index_dtype)
+        buf = self.index_k(layer_id)
+        if not self.fp8:
+            buf[loc] = index_k.to(self.index_dtype)
+            return
+        # Per-token absmax scale; codes and scale land in the token's page (FlashMLA-style layout).
+        k = index_k.float()
+        scale = k.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
+        codes = (k / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+        page, slot = loc // FP8_INDEX_PAGE, loc % FP8_INDEX_PAGE
+        dim = self.index_head_dim
+        cols = slot[:, None] * dim + torch.arange(dim, device=loc.device)
+        buf[page[:, None], cols] = codes
+        scales = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
+        scales[page, slot] = scale
+
+    def index_k_pages(self, layer_id: int) -> torch.Tensor:
+        """The index-K cache as the Triton indexer reads it: [pages, 64, dim] or FP8 [pages, 64 * 132]."""
+        buf = self.index_k(layer_id)
+        return buf if self.fp8 else buf.view(-1, FP8_INDEX_PAGE, self.index_head_dim)
+
+    def mla_rows(self, layer_id: int) -> torch.Tensor:
+        """Latent+rope rows as stored: [P, 576] in the KV dtype, or FP8 uint8 [P, 656]."""
+        buf = self.kv_buffer[layer_id - self.start_layer]
+        return buf.view(buf.shape[0], -1)
+
+    @property
+    def dtype_for_writes(self) -> torch.dtype:
+        """What set_mla_kv_buffer takes: SGLang's FP8 writer quantizes from bfloat16."""
+        return torch.bfloat16 if self.fp8 else self.dtype
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
         MLATokenToKVPool.move_kv_cache(self, tgt_loc, src_loc)
+        if self.fp8:
+            raise NotImplementedError("moving FP8 index keys between slots (KV-cache defragmentation)")
         for buf in self.index_k_buffer:
             if buf is not None:
                 buf[tgt_loc] = buf[src_loc]

@@ -68,7 +68,18 @@ class TorchDSABackend(AttentionBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
+        if self.token_to_kv_pool.fp8:
+            raise ValueError(
+                f"{BACKEND_NAME} reads KV rows in the model dtype or bfloat16; --kv-cache-dtype "
+                "fp8_e4m3 needs --attention-backend glm_dsa_triton"
+            )
         self.forward_metadata: Optional[DSAForwardMetadata] = None
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        raise NotImplementedError(
+            f"{BACKEND_NAME} lays out every batch on the host and runs eagerly: start the server "
+            "with --disable-cuda-graph, or use --attention-backend glm_dsa_triton (CUDA graphs)"
+        )
 
     # ---- metadata -------------------------------------------------------------------------
 
@@ -165,7 +176,8 @@ class TorchDSABackend(AttentionBackend):
         kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id).squeeze(1)  # [P, dim]
         meta = self.forward_metadata
         for group, (start, count) in enumerate(zip(meta.query_starts, meta.query_counts)):
-            req_kv = kv[meta.keys_of(self.req_to_token, group)]  # [L, dim]
+            # The cache may be narrower than the model (SGLang keeps DSA KV in bfloat16 on GPUs).
+            req_kv = kv[meta.keys_of(self.req_to_token, group)].to(q.dtype)  # [L, dim]
             step = max(1, _MAX_BLOCK_ELEMS // (topk_indices.shape[1] * dim))
             for s in range(start, start + count, step):
                 e = min(s + step, start + count)

@@ -341,6 +341,10 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def topk_buffer(self) -> TopkBuffer:
         return self.model.topk_buffer
 
+    def allocate_forward_buffers(self, max_tokens: int, max_requests: int, device) -> None:
+        """Once, when SGLang builds this runner's attention backends: fixed addresses for CUDA graphs."""
+        self.model.topk_buffer.allocate(max_tokens, device)
+
     def get_embed_and_head(self):
         """What an EAGLE/NEXTN draft (the MTP layer) shares with the target."""
         return self.model.embed_tokens.weight, self.lm_head.weight

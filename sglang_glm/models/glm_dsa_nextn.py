@@ -118,7 +118,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
             config.vocab_size, config.hidden_size, prefix=add_prefix("model.shared_head.head", prefix)
         )
         self.logits_processor = LogitsProcessor(config)
-        self._shared: Optional[SharedTopkTable] = None
+        self._shared: Optional[SharedTopkTable] = None  # allocate_forward_buffers
         logger.info(
             "GLM-DSA MTP draft: carry=%s, index_share_for_mtp_iteration=%s (MTP indexer %s)",
             self.recycle, self.index_share,
@@ -132,7 +132,6 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         return self.model.embed_tokens.weight, self.lm_head.weight
 
     def set_embed_and_head(self, embed, head):
-        # SGLang's DeepSeek version also calls torch.cuda.synchronize(); nothing to sync on CPU.
         del self.model.embed_tokens.weight
         del self.lm_head.weight
         self.model.embed_tokens.weight = embed
@@ -140,11 +139,11 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
 
     # ---- forward --------------------------------------------------------------------------------
 
-    def _table(self, forward_batch: ForwardBatch) -> SharedTopkTable:
-        if self._shared is None:
-            num_slots = int(forward_batch.req_pool_indices.max()) + 1
-            self._shared = SharedTopkTable(num_slots, self.config.index_topk, device=forward_batch.input_ids.device)
-        return self._shared
+    def allocate_forward_buffers(self, max_tokens: int, max_requests: int, device) -> None:
+        """Once, when SGLang builds this runner's attention backends: fixed addresses for CUDA graphs."""
+        self.model.topk_buffer.allocate(max_tokens, device)
+        if self.index_share:
+            self._shared = SharedTopkTable(max_requests, self.config.index_topk, device=device)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, **unused):
@@ -153,7 +152,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         topk_rows = None
         if is_draft_step and self.index_share:
             per_request = input_ids.shape[0] // forward_batch.batch_size
-            topk_rows = self._table(forward_batch).rows_for_draft(
+            topk_rows = self._shared.rows_for_draft(
                 forward_batch.req_pool_indices, per_request
             )
         pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
@@ -168,14 +167,14 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
     def _store_last_accepted(self, forward_batch: ForwardBatch) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""
         rows = self.model.topk_buffer.read(DRAFT_LAYER_ID)
-        counts = torch.as_tensor(forward_batch.extend_seq_lens_cpu, dtype=torch.int64)
-        cu = torch.zeros(len(counts) + 1, dtype=torch.int64)
-        cu[1:] = torch.cumsum(counts, 0)
-        accept = getattr(forward_batch.spec_info, "num_accept_tokens", None)
-        if accept is None or not forward_batch.forward_mode.is_draft_extend_v2():
-            accept = counts  # after prefill: the request's last prompt token
-        shared = compact_last_accepted(rows, cu.to(rows.device), accept.to(rows.device))
-        self._table(forward_batch).store(forward_batch.req_pool_indices, shared)
+        if forward_batch.forward_mode.is_draft_extend_v2():
+            # After verify: a fixed window of draft tokens per request, the accepted ones first.
+            per_request = rows.shape[0] // forward_batch.batch_size
+            start = torch.arange(0, rows.shape[0], per_request, device=rows.device)
+            accept = forward_batch.spec_info.num_accept_tokens
+        else:  # after prefill: the request's last prompt token
+            start, accept = forward_batch.extend_start_loc, forward_batch.extend_seq_lens
+        self._shared.store(forward_batch.req_pool_indices, compact_last_accepted(rows, start, accept))
 
     def _trace(self, forward_batch, out, ran_indexer: bool, is_draft_step: bool) -> None:
         spec = forward_batch.spec_info

@@ -19,55 +19,37 @@ import torch
 
 
 def compact_last_accepted(
-    topk_rows: torch.Tensor, cu_rows: torch.Tensor, accept_len: torch.Tensor
+    topk_rows: torch.Tensor, row_start: torch.Tensor, accept_len: torch.Tensor
 ) -> torch.Tensor:
-    """[N, topk] rows, cu_rows [B+1], accept_len [B] (>= 1) -> [B, topk]: row cu_rows[b] + accept_len[b] - 1.
+    """[N, topk] rows, row_start [B] (request b's first row), accept_len [B] (>= 1, the bonus
+    token counts) -> [B, topk]: row row_start[b] + accept_len[b] - 1.
 
-    Plain-torch twin of `glm_dsa_kernels.topk_compact.compact_topk_rows` (Triton).
+    On CUDA the Triton kernel `glm_dsa_kernels.topk_compact.compact_topk_rows`, elsewhere its
+    plain-torch twin; neither reads a value on the host, so the draft-extend pass stays free of
+    host syncs and can be captured in a CUDA graph.
     """
-    accept_len = accept_len.to(torch.int64)
-    if bool((accept_len < 1).any()):
-        raise ValueError(f"accept_len must be >= 1 (the bonus token counts), got {accept_len.tolist()}")
-    starts = cu_rows[:-1].to(torch.int64)
-    if bool((accept_len > cu_rows[1:].to(torch.int64) - starts).any()):
-        raise ValueError("a request accepted more tokens than it has draft-extend rows")
-    return topk_rows.index_select(0, starts + accept_len - 1)
+    if topk_rows.is_cuda:
+        from glm_dsa_kernels.topk_compact import compact_topk_rows
+
+        return compact_topk_rows(topk_rows, row_start.to(torch.int32), accept_len.to(torch.int32))
+    return topk_rows.index_select(0, row_start.to(torch.int64) + accept_len.to(torch.int64) - 1)
 
 
 class SharedTopkTable:
-    """Each request's compacted top-k row, indexed by its req_to_token pool slot."""
+    """Each request's compacted top-k row, indexed by its req_to_token pool slot.
+
+    Allocated once for every request slot, so storing and reading are fixed-shape device ops.
+    Every request runs the MTP indexer (draft-extend after its prefill) before its first draft
+    step, so a slot is always written before it is read.
+    """
 
     def __init__(self, num_slots: int, topk: int, device="cpu"):
         self.rows = torch.full((num_slots, topk), -1, dtype=torch.int32, device=device)
-        self.valid = torch.zeros(num_slots, dtype=torch.bool, device=device)
-
-    def _grow(self, num_slots: int) -> None:
-        if num_slots <= self.rows.shape[0]:
-            return
-        grown = max(num_slots, 2 * self.rows.shape[0])
-        rows = torch.full((grown, self.rows.shape[1]), -1, dtype=torch.int32, device=self.rows.device)
-        valid = torch.zeros(grown, dtype=torch.bool, device=self.rows.device)
-        rows[: self.rows.shape[0]] = self.rows
-        valid[: self.valid.shape[0]] = self.valid
-        self.rows, self.valid = rows, valid
 
     def store(self, req_pool_indices: torch.Tensor, rows: torch.Tensor) -> None:
-        idx = req_pool_indices.to(torch.int64)
-        if idx.numel():
-            self._grow(int(idx.max()) + 1)
-        self.rows[idx] = rows.to(torch.int32)
-        self.valid[idx] = True
+        self.rows[req_pool_indices.to(torch.int64)] = rows.to(torch.int32)
 
     def rows_for_draft(self, req_pool_indices: torch.Tensor, per_request: int = 1) -> torch.Tensor:
         """[B * per_request, topk]: request b's row repeated for its per_request draft rows."""
-        idx = req_pool_indices.to(torch.int64)
-        if idx.numel():
-            self._grow(int(idx.max()) + 1)
-        if not bool(self.valid[idx].all()):
-            missing = idx[~self.valid[idx]].tolist()
-            raise RuntimeError(
-                f"index share: no draft-extend top-k stored for request slots {missing}; a draft "
-                "step ran before the MTP indexer ran for these requests"
-            )
-        rows = self.rows[idx]
+        rows = self.rows[req_pool_indices.to(torch.int64)]
         return rows.repeat_interleave(per_request, dim=0) if per_request > 1 else rows

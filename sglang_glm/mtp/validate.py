@@ -1,4 +1,4 @@
-"""Start-up checks for GLM-DSA MTP speculative decoding on the plugin's CPU path.
+"""Start-up checks for GLM-DSA MTP speculative decoding with the plugin's backends.
 
 Every combination the plugin cannot serve correctly is refused here, by name, before any model
 is loaded, instead of producing silently wrong drafts later.
@@ -11,7 +11,7 @@ class UnsupportedSpecConfig(ValueError):
     pass
 
 
-def check_spec_args(cfg) -> None:
+def check_spec_args(cfg, on_cpu: bool) -> None:
     algo = (getattr(cfg, "speculative_algorithm", None) or "").upper()
     if not algo:
         return
@@ -22,7 +22,7 @@ def check_spec_args(cfg) -> None:
         )
     if getattr(cfg, "enable_multi_layer_eagle", False):
         problems.append("--enable-multi-layer-eagle: GLM-DSA ships one MTP layer, applied recursively")
-    if getattr(cfg, "speculative_use_rejection_sampling", False):
+    if on_cpu and getattr(cfg, "speculative_use_rejection_sampling", False):
         problems.append(
             "--speculative-use-rejection-sampling: the CPU path verifies greedily only"
         )
@@ -30,7 +30,12 @@ def check_spec_args(cfg) -> None:
         problems.append("adaptive speculative decoding is not supported with the GLM-DSA MTP draft")
     topk = getattr(cfg, "speculative_eagle_topk", None) or 1
     page_size = getattr(cfg, "page_size", None) or 1
-    if topk > 1 and page_size > 1:
+    if topk > 1 and not on_cpu:
+        problems.append(
+            f"--speculative-eagle-topk {topk}: tree drafts are served on the CPU path only so far; "
+            "on CUDA the Triton backend drafts chains (--speculative-eagle-topk 1)"
+        )
+    elif topk > 1 and page_size > 1:
         problems.append(
             f"--speculative-eagle-topk {topk} with --page-size {page_size}: tree drafts need "
             "--page-size 1 on the plugin's DSA backend"

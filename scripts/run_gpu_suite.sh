@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The GPU suite (tests/gpu) on a CUDA machine, with real SGLang 0.5.23 set up by the shared recipe.
+# Needs .gpu/ next to this repo's root, built on a CPU machine with registry access by
+#   bash ../shared/gpu/prepare.sh .gpu          (git-ignored; carried to the GPU machine)
+# usage: bash scripts/run_gpu_suite.sh [pytest args]. Writes gpu_suite.log, results.tar.gz (server
+# logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled kernels, for .gpu/carry/) to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/glm_gpu_out}
+mkdir -p "$OUT"
+. .gpu/device_env.sh
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
+export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RESULTS=/tmp/glm_gpu_results
+rm -rf "$GLM_GPU_RESULTS"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu_suite.log"
+timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA "$@" \
+  2>&1 | tee -a "$OUT/gpu_suite.log"
+rc=${PIPESTATUS[0]}
+tar czf "$OUT/results.tar.gz" -C "$GLM_GPU_RESULTS" . 2>/dev/null
+tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null
+exit "$rc"

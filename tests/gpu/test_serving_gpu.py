@@ -1,0 +1,125 @@
+"""The plugin inside real SGLang 0.5.23 on a CUDA GPU, over HTTP (`sglang.launch_server`).
+
+Each test starts its own server (they run side by side on one GPU under pytest-xdist), serves a
+batch of ragged prompts longer than index_topk, a chunked long prompt and a radix-cache repeat,
+and judges the bfloat16 tokens against the float64 reference with the margin rule
+(gpu_serving.py). Controls show the rule can fail: a changed plan, sparsity removed.
+"""
+
+import pytest
+import requests
+
+from gpu_serving import (
+    LONG_PROMPT, PLAN, PROMPTS, agreement, generate, gpu_server, make_model, post, record, tokens,
+)
+
+pytestmark = pytest.mark.gpu
+
+ALL_PROMPTS = PROMPTS + [LONG_PROMPT]
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp().parent / "models"
+    root.mkdir(exist_ok=True)
+    return {
+        "glm52": make_model(root, "glm52", seed=3),
+        "glm52_fp8": make_model(root, "glm52_fp8", seed=3, fp8=True),
+        "all_full": make_model(root, "all_full", seed=4, overrides={"indexer_types": ["full"] * 4}),
+    }
+
+
+def serve_and_judge(url, path, name, dense=False):
+    """The request set every configuration serves; returns (tokens, agreement)."""
+    first = generate(url, PROMPTS)
+    long = generate(url, [LONG_PROMPT])
+    again = generate(url, PROMPTS[:2])  # the same prefixes again: radix-cache hits
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in again), [o["meta_info"] for o in again]
+    assert tokens(again) == tokens(first[:2]), "a radix-cache hit changed the tokens"
+    outs = first + long
+    result = agreement(path, ALL_PROMPTS, outs, dense=dense)
+    record(name, **result.as_dict())
+    return tokens(outs), result, outs
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        # No --attention-backend: the plugin's CUDA default (glm_dsa_triton) with CUDA graphs on.
+        ("triton_graphs", ()),
+        ("triton_eager", ("--attention-backend", "glm_dsa_triton", "--disable-cuda-graph")),
+        ("triton_mixed_chunk", ("--attention-backend", "glm_dsa_triton", "--enable-mixed-chunk")),
+        ("torch_eager", ("--attention-backend", "glm_dsa_torch", "--disable-cuda-graph")),
+        ("triton_fp8_kv", ("--kv-cache-dtype", "fp8_e4m3")),
+    ],
+)
+def test_served_tokens_agree_with_reference(models, name, args):
+    with gpu_server(models["glm52"], name, *args) as url:
+        info = requests.get(url + "/get_server_info", timeout=30).json()
+        backend = info.get("attention_backend")
+        got, result, _ = serve_and_judge(url, models["glm52"], name)
+    record(name + "_tokens", tokens=got, attention_backend=backend)
+    if name == "triton_graphs":
+        assert backend == "glm_dsa_triton", info
+    result.assert_agrees()
+
+
+def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
+    """The FP8 block-quantized checkpoint (128 x 128 e4m3 blocks) against its dequantized float64 reference."""
+    path = models["glm52_fp8"]
+    with gpu_server(path, "fp8_weights") as url:
+        info = requests.get(url + "/get_server_info", timeout=30).json()
+        _, result, _ = serve_and_judge(url, path, "fp8_weights")
+    record("fp8_weights_quant", quantization=info.get("quantization"))
+    result.assert_agrees()
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_mtp_chain_lossless_with_acceptance(models, share):
+    name = f"mtp_chain_share_{'on' if share else 'off'}"
+    args = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+    if not share:
+        args += ["--json-model-override-args", '{"index_share_for_mtp_iteration": false}']
+    with gpu_server(models["glm52"], name, *args) as url:
+        got, result, outs = serve_and_judge(url, models["glm52"], name)
+    accept = [o["meta_info"].get("spec_accept_length") for o in outs]
+    record(name + "_acceptance", spec_accept_length=accept)
+    result.assert_agrees()
+    assert all(a is not None and a >= 1.0 for a in accept), accept
+
+
+def test_mtp_sampled_requests_are_served(models):
+    """temperature > 0 with MTP on: verified by SGLang's GPU rejection sampler, not refused."""
+    args = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4", "--speculative-use-rejection-sampling"]
+    with gpu_server(models["glm52"], "mtp_sampled", *args) as url:
+        outs = generate(url, PROMPTS, temperature=0.8, top_p=1.0)
+        greedy = generate(url, PROMPTS[:1])
+        health = requests.get(url + "/health", timeout=30).status_code
+    record("mtp_sampled", lengths=[len(o["output_ids"]) for o in outs],
+           spec_accept_length=[o["meta_info"].get("spec_accept_length") for o in outs])
+    assert all(len(o["output_ids"]) > 0 for o in outs) and health == 200
+    assert len(greedy[0]["output_ids"]) > 0
+
+
+def test_control_changed_plan_disagrees(models):
+    """An all-full checkpoint served with a plan that shares three layers must not match its reference."""
+    path = models["all_full"]
+    with gpu_server(path, "control_plan", "--json-model-override-args", '{"index_topk_pattern": "FSSS"}') as url:
+        outs = generate(url, PROMPTS)
+    result = agreement(path, PROMPTS, outs)
+    record("control_plan", **result.as_dict())
+    assert result.disagree, "changing the plan did not change the tokens: the comparison cannot fail"
+
+
+def test_control_sparsity_removed_disagrees(models):
+    """Served dense (index_topk above every context) against the sparse reference must disagree."""
+    path = models["glm52"]
+    with gpu_server(path, "control_dense", "--json-model-override-args", '{"index_topk": 4096}') as url:
+        outs = generate(url, PROMPTS)
+    sparse = agreement(path, PROMPTS, outs)
+    dense = agreement(path, PROMPTS, outs, dense=True)
+    record("control_dense", sparse=sparse.as_dict(), dense=dense.as_dict())
+    assert sparse.disagree, "removing sparsity did not change the tokens: the comparison cannot fail"
+    dense.assert_agrees()
