@@ -61,6 +61,29 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
     return result
 
 
+def _no_prefill_cuda_graph(result, server_args, *args, **kwargs):
+    # The plugin's backends lay every prefill batch out anew (ragged extend lengths); only the
+    # decode-shaped passes (decode, target verify, EAGLE draft steps) are graph-captured.
+    from sglang.srt.arg_groups.model_override_base import (
+        attention_backends_of, model_config_of, resolved_view, resolving_view,
+    )
+    from sglang.srt.arg_groups.overrides import declare_resolution
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+    from sglang_glm.plugin import TRITON_BACKEND_NAME
+
+    graphs = resolving_view(server_args).cuda_graph_config
+    if graphs.prefill.backend == Backend.DISABLED or not is_glm_dsa(model_config_of(server_args).hf_config):
+        return result
+    if attention_backends_of(resolved_view(server_args))[0] in (BACKEND_NAME, TRITON_BACKEND_NAME):
+        logger.info("GLM-DSA with the plugin's attention backend: prefill runs without CUDA graphs")
+        declare_resolution(
+            server_args, "sglang_glm", cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED)
+        )
+    return result
+
+
 def _cpu_backends_with_dsa_default(original, server_args, *args, **kwargs):
     # SGLang's CPU default (intel_amx -> torch_native) ignores top-k; GLM-DSA needs sparse attention.
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
@@ -250,6 +273,11 @@ def apply() -> None:
         "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
         _glm_dsa_model_adjustments,
         HookType.AROUND,
+    )
+    HookRegistry.register(
+        "sglang.srt.arg_groups.cuda_graph_hook.disable_prefill_cuda_graph_for_deepseek_trtllm_mla",
+        _no_prefill_cuda_graph,
+        HookType.AFTER,
     )
     HookRegistry.register(
         "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",

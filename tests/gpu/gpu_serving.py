@@ -7,10 +7,12 @@ served sequence and look at its top-2 logit margin at that position:
   - reference argmax == served token                 -> agree
   - different, margin <= MARGIN                       -> near-tie: counted apart, never a failure
   - different, margin >  MARGIN                       -> disagree: a failure
-MARGIN is set from the bfloat16 error measured against the same reference (the served log-prob of
-each generated token vs the reference's, `logprob_error`): a margin above twice the largest
-error cannot be flipped by rounding. The suite asserts that bound holds in every run, and that
-near-ties stay a small fraction, so the rule cannot pass by calling everything a tie.
+MARGIN rests on the rounding error measured against the same reference: the served log-prob of
+each generated token against the reference's (`max_logprob_error`). A margin above twice the
+largest error cannot be flipped by rounding, so each run asserts the error stays under MARGIN / 2
+(bfloat16 weights and KV measured 0.10-0.11 on the H200) and that near-ties stay a small fraction,
+so the rule cannot pass by calling everything a tie. FP8 (weights or KV cache) rounds ~16x
+coarser than bfloat16 and is judged with FP8_MARGIN.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import torch
 
 from sglang_glm.cpu_compat.server import free_port, launched_server
 
-MARGIN = 0.25  # nats of the reference's top-2 logit gap; see logprob_error's bound below
-MAX_LOGPROB_ERROR = MARGIN / 2
+MARGIN = 0.3  # nats of the reference's top-2 logit gap (bfloat16)
+FP8_MARGIN = 1.0
 MAX_NEAR_TIE_FRACTION = 0.25
 
 # GLM-5.2's per-layer attention geometry (MLA 512 + 64 rope, 192/256 head dims, 32 x 128 indexer)
@@ -53,9 +55,15 @@ NEW_TOKENS = 24
 # Servers share the one GPU: small pools, a few CUDA-graph batch sizes.
 GPU_SERVER_ARGS = (
     "--dtype", "bfloat16", "--mem-fraction-static", "0.06", "--max-total-tokens", "32768",
-    "--max-running-requests", "16", "--cuda-graph-max-bs", "16", "--chunked-prefill-size", "512",
+    "--max-running-requests", "16", "--cuda-graph-max-bs-decode", "16", "--chunked-prefill-size", "512",
     "--sampling-backend", "pytorch", "--grammar-backend", "none", "--log-level", "info",
 )
+
+
+# Servers and engines started from the suite import the test-side stand-ins (standins/README.md).
+STANDINS = Path(__file__).parent / "standins"
+if torch.cuda.is_available():
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(STANDINS), os.environ.get("PYTHONPATH")) if p)
 
 
 def results_dir() -> Path:
@@ -140,26 +148,27 @@ class Agreement:
     near_ties: int = 0
     disagree: list = field(default_factory=list)  # (request, position, served, reference, margin)
     max_logprob_error: float = 0.0
+    margin: float = MARGIN
 
     def as_dict(self) -> dict:
         return {"positions": self.positions, "agree": self.agree, "near_ties": self.near_ties,
                 "disagree": len(self.disagree), "first_disagreements": self.disagree[:5],
-                "max_logprob_error": self.max_logprob_error, "margin": MARGIN}
+                "max_logprob_error": self.max_logprob_error, "margin": self.margin}
 
     def assert_agrees(self) -> None:
         assert not self.disagree, f"served tokens disagree with the reference above the margin: {self.as_dict()}"
         assert self.near_ties <= MAX_NEAR_TIE_FRACTION * self.positions, self.as_dict()
-        assert self.max_logprob_error <= MAX_LOGPROB_ERROR, (
-            f"bfloat16 error {self.max_logprob_error:.3f} exceeds the bound {MAX_LOGPROB_ERROR} the margin "
-            f"rule rests on: {self.as_dict()}"
+        assert self.max_logprob_error <= self.margin / 2, (
+            f"rounding error {self.max_logprob_error:.3f} exceeds half the margin, the bound the rule "
+            f"rests on: {self.as_dict()}"
         )
 
 
 @torch.no_grad()
-def agreement(path, prompts, outs: list[dict], dense: bool = False) -> Agreement:
+def agreement(path, prompts, outs: list[dict], dense: bool = False, margin: float = MARGIN) -> Agreement:
     """Teacher-forced float64 reference over each served sequence, judged by the margin rule."""
     model = reference(path, dense)
-    result = Agreement()
+    result = Agreement(margin=margin)
     for r, (prompt, out) in enumerate(zip(prompts, outs)):
         served = out["output_ids"]
         ids = torch.tensor([prompt + served], device="cuda")
@@ -176,7 +185,7 @@ def agreement(path, prompts, outs: list[dict], dense: bool = False) -> Agreement
             margin = float(top2.values[i, 0] - top2.values[i, 1])
             if ref_token == token:
                 result.agree += 1
-            elif margin <= MARGIN:
+            elif margin <= result.margin:
                 result.near_ties += 1
             else:
                 result.disagree.append((r, i, token, ref_token, round(margin, 3)))

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from gpu_serving import (
-    LONG_PROMPT, PLAN, PROMPTS, agreement, generate, gpu_server, make_model, post, record, tokens,
+    FP8_MARGIN, LONG_PROMPT, MARGIN, PROMPTS, agreement, generate, gpu_server, make_model, record, tokens,
 )
 
 pytestmark = pytest.mark.gpu
@@ -29,15 +29,15 @@ def models(tmp_path_factory):
     }
 
 
-def serve_and_judge(url, path, name, dense=False):
-    """The request set every configuration serves; returns (tokens, agreement)."""
+def serve_and_judge(url, path, name, margin=MARGIN):
+    """The request set every configuration serves; returns (tokens, agreement, outputs)."""
     first = generate(url, PROMPTS)
     long = generate(url, [LONG_PROMPT])
     again = generate(url, PROMPTS[:2])  # the same prefixes again: radix-cache hits
     assert all(o["meta_info"]["cached_tokens"] > 0 for o in again), [o["meta_info"] for o in again]
     assert tokens(again) == tokens(first[:2]), "a radix-cache hit changed the tokens"
     outs = first + long
-    result = agreement(path, ALL_PROMPTS, outs, dense=dense)
+    result = agreement(path, ALL_PROMPTS, outs, margin=margin)
     record(name, **result.as_dict())
     return tokens(outs), result, outs
 
@@ -57,7 +57,7 @@ def test_served_tokens_agree_with_reference(models, name, args):
     with gpu_server(models["glm52"], name, *args) as url:
         info = requests.get(url + "/get_server_info", timeout=30).json()
         backend = info.get("attention_backend")
-        got, result, _ = serve_and_judge(url, models["glm52"], name)
+        got, result, _ = serve_and_judge(url, models["glm52"], name, FP8_MARGIN if "fp8" in name else MARGIN)
     record(name + "_tokens", tokens=got, attention_backend=backend)
     if name == "triton_graphs":
         assert backend == "glm_dsa_triton", info
@@ -69,7 +69,7 @@ def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
     path = models["glm52_fp8"]
     with gpu_server(path, "fp8_weights") as url:
         info = requests.get(url + "/get_server_info", timeout=30).json()
-        _, result, _ = serve_and_judge(url, path, "fp8_weights")
+        _, result, _ = serve_and_judge(url, path, "fp8_weights", FP8_MARGIN)
     record("fp8_weights_quant", quantization=info.get("quantization"))
     result.assert_agrees()
 

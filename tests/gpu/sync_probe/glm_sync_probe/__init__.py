@@ -21,7 +21,7 @@ def _probe(original, runner, forward_batch, *args, **kwargs):
     syncs = []
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
+        if "called a synchronizing" in str(message):
             stack = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]]
             syncs.append({"message": str(message)[:200], "stack": stack[-12:]})
 
