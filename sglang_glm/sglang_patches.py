@@ -145,9 +145,8 @@ def _allocate_forward_buffers(result, model_runner, *args, **kwargs):
 
     model = model_runner.model
     if isinstance(model, (GlmMoeDsaForCausalLM, GlmMoeDsaForCausalLMNextN)):
-        model.allocate_forward_buffers(
-            max_forward_tokens(model_runner), model_runner.req_to_token_pool.size, model_runner.device
-        )
+        req_slots = model_runner.req_to_token_pool.req_to_token.shape[0]  # slot 0 is SGLang's padding row
+        model.allocate_forward_buffers(max_forward_tokens(model_runner), req_slots, model_runner.device)
     return result
 
 

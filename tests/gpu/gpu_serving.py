@@ -10,9 +10,8 @@ served sequence and look at its top-2 logit margin at that position:
 MARGIN rests on the rounding error measured against the same reference: the served log-prob of
 each generated token against the reference's (`max_logprob_error`). A margin above twice the
 largest error cannot be flipped by rounding, so each run asserts the error stays under MARGIN / 2
-(bfloat16 weights and KV measured 0.10-0.11 on the H200) and that near-ties stay a small fraction,
-so the rule cannot pass by calling everything a tie. FP8 (weights or KV cache) rounds ~16x
-coarser than bfloat16 and is judged with FP8_MARGIN.
+(measured on the H200: 0.10-0.18 for bfloat16 and FP8 weights or KV, 0.26-0.35 for the controls)
+and that near-ties stay a small fraction, so the rule cannot pass by calling everything a tie.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ import torch
 
 from sglang_glm.cpu_compat.server import free_port, launched_server
 
-MARGIN = 0.3  # nats of the reference's top-2 logit gap (bfloat16)
-FP8_MARGIN = 1.0
+MARGIN = 0.4  # nats of the reference's top-2 logit gap
 MAX_NEAR_TIE_FRACTION = 0.25
 
 # GLM-5.2's per-layer attention geometry (MLA 512 + 64 rope, 192/256 head dims, 32 x 128 indexer)

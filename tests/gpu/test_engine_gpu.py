@@ -30,7 +30,7 @@ def test_engine_with_cuda_graphs_matches_eager_server(glm52):
     import sglang as sgl
 
     llm = sgl.Engine(model_path=str(glm52), dtype="bfloat16", mem_fraction_static=0.06, max_total_tokens=32768,
-                     max_running_requests=16, cuda_graph_max_bs_decode=16, sampling_backend="pytorch",
+                     max_running_requests=16, cuda_graph_max_bs_decode=16, chunked_prefill_size=512, sampling_backend="pytorch",
                      grammar_backend="none", log_level="warning")
     try:
         outs = llm.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": NEW_TOKENS,
