@@ -1,7 +1,7 @@
-"""GPU deployments with SGLang's own CUDA `dsa` attention backend (the default there).
+"""GPU deployments with SGLang's own CUDA `dsa` attention backend (`--attention-backend dsa`).
 
-Written, not run: SGLang cannot be installed on this project's GPU machine, so this path is
-exercised on CPU only as far as its plumbing goes (tests/test_cuda_plumbing.py).
+Not run: it needs FlashMLA and DeepGEMM, which cannot be installed on this project's GPU machine,
+so this path is exercised on CPU only as far as its plumbing goes (tests/test_cuda_plumbing.py).
 Full layers own SGLang's `Indexer` (FP8 index-K pool, DeepGEMM logits, CUDA top-k); its top-k
 goes through the plugin's `TopkBuffer` into `RadixAttention(..., topk_indices=...)` like every
 other backend, so IndexCache sharing works the same way.

@@ -102,8 +102,8 @@ def build_indexer(config, layer_id: int, quant_config, prefix: str) -> nn.Module
     """The indexer of a full layer, matching the attention backend that consumes its top-k.
 
     SGLang's `dsa` backend reads index keys from its FP8 index-K pool, which only SGLang's own
-    indexer writes, so with it the layer owns SGLang's `Indexer` (written, not run here: SGLang
-    cannot run on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
+    indexer writes, so with it the layer owns SGLang's `Indexer` (not run here: FlashMLA and
+    DeepGEMM cannot be installed on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
     """
     if _sglang_dsa_serves_attention():
         from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
