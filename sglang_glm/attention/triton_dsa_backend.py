@@ -130,9 +130,11 @@ class TritonDSABackend(AttentionBackend):
         seq_lens_cpu = forward_batch.seq_lens_cpu
         if seq_lens_cpu is None or seq_lens_cpu.numel() == 0:
             return self.max_pages
-        # Verify and draft tokens sit after seq_lens; one per request's query tokens covers them.
-        per_request = forward_batch.positions.shape[0] // max(forward_batch.batch_size, 1)
-        keys = int(seq_lens_cpu.max()) + min(per_request, 64) + extra_keys
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
+            # Verify and draft tokens may sit after seq_lens: one key per query token covers them.
+            extra_keys += forward_batch.positions.shape[0] // max(forward_batch.batch_size, 1)
+        keys = int(seq_lens_cpu.max()) + extra_keys
         return min(self.max_pages, -(-keys // PAGE_SIZE))
 
     # ---- indexer --------------------------------------------------------------------------
@@ -168,11 +170,11 @@ class TritonDSABackend(AttentionBackend):
                                    k_rope.to(pool.dtype_for_writes))
         rows = positions_to_pool_rows(topk_indices, self.req_to_token, self.forward_metadata.query_req)
         kv = pool.mla_rows(layer.layer_id)
-        heads = layer.tp_q_head_num
+        heads, dtype = layer.tp_q_head_num, q.dtype
         q = q.view(-1, heads, layer.qk_head_dim).to(torch.bfloat16)
         config = default_config(q.shape[0], heads, rows.shape[1], kv.dtype == torch.uint8, self.num_sms)
         out, _ = sparse_mla_fwd(q, kv, rows, layer.scaling, d_v=layer.v_head_dim, config=config)
-        return out.view(-1, heads * layer.v_head_dim)
+        return out.view(-1, heads * layer.v_head_dim).to(dtype)
 
 
 class TritonDSAMultiStepDraftBackend:
