@@ -3,8 +3,9 @@
   q          [T, 32, 128] bf16        indexer queries (after RoPE)
   weights    [T, 32] fp32             per-head weights, ALREADY including every scale the caller
                                       wants (GLM-DSA: weights_proj(x) * n_heads^-0.5 * head_dim^-0.5)
-  k_cache    paged index-K cache, 64 tokens a page, either
-               BF16  [num_pages, 64, 128]
+  k_cache    paged index-K cache, either
+               BF16  [num_pages, P, 128], P = 64 (SGLang's DSA pages) or 1 (page size 1: the page
+                     table is then simply each request's token slots)
                FP8   uint8 [num_pages, 64 * 132]: the page's 64 x 128 e4m3 bytes (token-major),
                      then its 64 fp32 scales (k = code * scale), 132 bytes a token
   page_table [B, max_pages] int32     request b's logical page i lives at k_cache[page_table[b, i]]
@@ -61,7 +62,7 @@ def _pow2(e):
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
-    K_FP8: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
+    K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
     DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr,
 ):
     """One program scores KEYS_PER_PROGRAM keys of one query, BLOCK_N at a time (q loaded once)."""
@@ -91,21 +92,26 @@ def _indexer_logits_kernel(
         for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
             pos = j0 + tl.arange(0, BLOCK_N)
             valid = pos < n
-            page = tl.load(pages_row + pos // 64, mask=valid, other=0).to(tl.int64)
-            slot = pos % 64
+            page = tl.load(pages_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
+            slot = pos % PAGE
             if K_FP8:
-                codes_ptr = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page[:, None] * (64 * 132) + slot[:, None] * 128
+                codes_ptr = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page[:, None] * (PAGE * 132) + slot[:, None] * 128
                 k = tl.load(codes_ptr + d[None, :], mask=valid[:, None], other=0.0).to(F16_DTYPE)  # exact in fp16
-                scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (64 * 33) + 64 * 32 + slot,
+                scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (PAGE * 33) + PAGE * 32 + slot,
                                 mask=valid, other=0.0)
             else:
-                k = tl.load(k_ptr + (page * 64 + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
+                k = tl.load(k_ptr + (page * PAGE + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
                 k = k.to(DOT_DTYPE)
             s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
             score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
             if K_FP8:
                 score = score * scale  # relu(q . k * scale) = scale * relu(q . k) for scale > 0
             tl.store(out_row + pos, score, mask=valid)
+
+
+def page_size(k_cache: torch.Tensor) -> int:
+    """Tokens per index-K page: 64 for FP8 pages, the middle dimension of BF16 ones."""
+    return PAGE_SIZE if k_cache.dtype == torch.uint8 else k_cache.shape[1]
 
 
 def _check_inputs(q, weights, k_cache, page_table, query_req, key_limit):
@@ -117,7 +123,7 @@ def _check_inputs(q, weights, k_cache, page_table, query_req, key_limit):
     if k_fp8:
         assert k_cache.dim() == 2 and k_cache.shape[1] == PAGE_SIZE * FP8_TOKEN_BYTES and k_cache.is_contiguous()
     else:
-        assert k_cache.dtype == torch.bfloat16 and k_cache.shape[1:] == (PAGE_SIZE, HEAD_DIM)
+        assert k_cache.dtype == torch.bfloat16 and k_cache.shape[1] in (1, PAGE_SIZE) and k_cache.shape[2] == HEAD_DIM
         assert k_cache.is_contiguous()
     return k_fp8
 
@@ -142,7 +148,7 @@ def indexer_logits(
         _indexer_logits_kernel[grid](
             q, weights, k_cache, page_table, query_req, key_limit, logits,
             q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0),
-            K_FP8=k_fp8, BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program, NUM_STAGES=c.num_stages,
+            K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program, NUM_STAGES=c.num_stages,
             DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, num_warps=c.num_warps,
         )
     return logits
@@ -162,10 +168,10 @@ def indexer_topk(
 ) -> torch.Tensor:
     """Indexer scores + exact top-k -> logical positions [T, topk] int32 (-1 where fewer keys).
 
-    Keys are read up to the page table's width (max_pages * 64): no host sync on key_limit.
+    Keys are read up to the page table's width (max_pages * page size): no host sync on key_limit.
     """
     T = q.shape[0]
-    width = page_table.shape[1] * PAGE_SIZE
+    width = page_table.shape[1] * page_size(k_cache)
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
     chunk = max(1, min(T, max_logits_bytes // (12 * width)))  # fp32 logits + top-k candidate keys and positions
@@ -197,7 +203,7 @@ def quantize_index_k_fp8(k: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_index_k(k_cache: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Either cache layout -> [num_pages, 64, 128] in dtype."""
+    """Either cache layout -> [num_pages, page size, 128] in dtype."""
     if k_cache.dtype != torch.uint8:
         return k_cache.to(dtype)
     num_pages = k_cache.shape[0]
@@ -207,9 +213,9 @@ def dequantize_index_k(k_cache: torch.Tensor, dtype: torch.dtype = torch.float32
 
 
 def indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, compute_dtype=torch.float64):
-    """Scores [T, max_pages * 64] in compute_dtype; -inf at positions >= key_limit[t]."""
+    """Scores [T, max_pages * page size] in compute_dtype; -inf at positions >= key_limit[t]."""
     k = dequantize_index_k(k_cache, compute_dtype)
-    width = page_table.shape[1] * PAGE_SIZE
+    width = page_table.shape[1] * page_size(k_cache)
     pos = torch.arange(width, device=q.device)
     pages = page_table[query_req.long()].long()  # [T, max_pages]
     keys = k[pages].reshape(q.shape[0], width, HEAD_DIM)  # [T, width, 128]
@@ -235,7 +241,7 @@ def indexer_flops(num_keys_total: int) -> int:
 
 
 __all__ = [
-    "IndexerConfig", "indexer_logits", "indexer_topk", "quantize_index_k_fp8", "dequantize_index_k",
+    "IndexerConfig", "indexer_logits", "indexer_topk", "page_size", "quantize_index_k_fp8", "dequantize_index_k",
     "indexer_logits_ref", "indexer_topk_ref", "indexer_bytes", "indexer_flops",
     "N_HEADS", "HEAD_DIM", "PAGE_SIZE", "FP8_TOKEN_BYTES",
 ]

@@ -124,6 +124,25 @@ def test_indexer(device, k_fp8, config):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_indexer_token_pages_match_64_token_pages(device):
+    """Page size 1 (tree drafts): a page table of token slots reads the same keys as 64-token pages."""
+    dev = _dev(device)
+    torch.manual_seed(11)
+    B, max_pages, num_pages, topk = (3, 6, 24, 128) if device == "cuda" else (2, 3, 8, 32)
+    k_pages = torch.randn(num_pages, 64, 128, device=dev).bfloat16()
+    page_table = torch.stack([torch.randperm(num_pages, device=dev)[:max_pages] for _ in range(B)]).int()
+    slots = (page_table[:, :, None] * 64 + torch.arange(64, device=dev, dtype=torch.int32)).view(B, -1)
+    T = 2 * B
+    query_req = torch.arange(T, device=dev, dtype=torch.int32) % B
+    key_limit = torch.randint(1, max_pages * 64 + 1, (T,), device=dev, dtype=torch.int32)
+    q = torch.randn(T, 32, 128, device=dev).bfloat16()
+    w = torch.randn(T, 32, device=dev) * 128**-0.5
+    want = indexer_topk(q, w, k_pages, page_table, query_req, key_limit, topk)
+    got = indexer_topk(q, w, k_pages.view(-1, 1, 128), slots, query_req, key_limit, topk)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk,block,sample", [(1024, 1024, 1024), (2048, 512, 256)])
 def test_topk_select_ties(device, chunk, block, sample):
     dev = _dev(device)
