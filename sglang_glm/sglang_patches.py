@@ -44,17 +44,15 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
         result = original(server_args, *args, **kwargs)
     if not is_glm_dsa(model_config_of(server_args).hf_config):
         return result
-    if not _on_cpu():
-        # SGLang's `dsa` default needs FlashMLA and DeepGEMM; the plugin's Triton backend is the
-        # CUDA path this project runs (README, "On a GPU").
-        if user_backend == (None, None, None):
-            declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND_NAME)
-        return result
-    # The DSA default turns "auto" into a GPU cache dtype; on CPU the cache keeps the model dtype.
-    if user_kv_dtype == "auto":
+    # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
+    # the path this project runs (README, "On a GPU deployment").
+    if not _on_cpu() and user_backend == (None, None, None):
+        declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND_NAME)
+    # The CPU cache keeps the model dtype (SGLang's DSA default picks a GPU cache dtype).
+    if _on_cpu() and user_kv_dtype == "auto":
         declare_resolution(server_args, "sglang_glm", kv_cache_dtype="auto")
-    # SGLang forces 64-token pages on DSA models, and refuses eagle topk > 1 with pages > 1 on any
-    # backend but flashinfer/fa3/triton; the CPU DSA backend serves page 1, so tree drafts get it.
+    # SGLang forces 64-token pages on DSA models and serves eagle topk > 1 with pages > 1 only on
+    # flashinfer/fa3/triton; the plugin's backends serve tree drafts with page size 1.
     topk = resolving_view(server_args).speculative_eagle_topk
     if topk is not None and topk > 1 and user_page in (None, 1):
         declare_resolution(server_args, "sglang_glm", page_size=1)

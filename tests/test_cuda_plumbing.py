@@ -57,17 +57,20 @@ def test_kv_pool_follows_the_attention_backend():
         assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
 
 
-def _triton_backend(req_to_token):
+def _runner(req_to_token, page_size=64):
+    return SimpleNamespace(device=torch.device("cpu"), page_size=page_size,
+                           req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None)
+
+
+def _on_h200(build, *args):
+    with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
+        return build(*args)
+
+
+def _triton_backend(req_to_token, page_size=64):
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
 
-    runner = SimpleNamespace(
-        device=torch.device("cpu"),
-        page_size=64,
-        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
-        token_to_kv_pool=None,
-    )
-    with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
-        return TritonDSABackend(runner)
+    return _on_h200(TritonDSABackend, _runner(req_to_token, page_size))
 
 
 def test_triton_backend_batch_layout():
@@ -98,28 +101,62 @@ def test_triton_backend_graph_buffers_verify_and_draft_steps():
     req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
     backend = _triton_backend(req_to_token)
     backend.init_cuda_graph_state(max_bs=4, max_num_tokens=16)
-    buffers = [t.data_ptr() for t in vars(backend.graph_metadata).values()]
+    fields = ("query_req", "query_batch", "key_limit", "page_table", "slot_table", "draft_start")
+    buffers = [getattr(backend.graph_metadata, f).data_ptr() for f in fields]
     # Target verify, 3 draft tokens per request: fixed layout, written into the static buffers.
     verify = SimpleNamespace(
         forward_mode=ForwardMode.TARGET_VERIFY, batch_size=2, seq_lens=torch.tensor([10, 70]),
         req_pool_indices=torch.tensor([3, 1]), positions=torch.tensor([10, 11, 12, 70, 71, 72]),
+        spec_info=SimpleNamespace(topk=1, custom_mask=None),
     )
     backend.init_forward_metadata_out_graph(verify)
     meta = backend.forward_metadata
-    assert [t.data_ptr() for t in vars(meta).values()] == buffers
+    assert [getattr(meta, f).data_ptr() for f in fields] == buffers and meta.tree_mask is None
     assert meta.query_batch.tolist() == [0, 0, 0, 1, 1, 1]
     assert meta.query_req.tolist() == [3, 3, 3, 1, 1, 1]
     assert meta.key_limit.tolist() == [11, 12, 13, 71, 72, 73]
     assert meta.page_table.shape == (2, 4) and meta.page_table[0, :2].tolist() == [13, 14]
 
     # Draft steps 1.. of a chain: step i sees seq_lens + i + 1 keys, whatever positions say.
-    with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
-        runner = SimpleNamespace(device=torch.device("cpu"), page_size=64,
-                                 req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None)
-        draft = TritonDSAMultiStepDraftBackend(runner, topk=1, speculative_num_steps=3)
+    draft = _on_h200(TritonDSAMultiStepDraftBackend, _runner(req_to_token), 1, 3)
     step_batch = SimpleNamespace(
         forward_mode=ForwardMode.DECODE, batch_size=2, seq_lens=torch.tensor([10, 70]),
         seq_lens_cpu=torch.tensor([10, 70]), req_pool_indices=torch.tensor([3, 1]), positions=torch.tensor([10, 70]),
     )
     draft.init_forward_metadata(step_batch)
     assert [b.forward_metadata.key_limit.tolist() for b in draft.attn_backends] == [[11, 71], [12, 72]]
+
+
+def test_triton_backend_tree_verify_and_tree_draft_rows():
+    from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend
+
+    req_to_token = torch.arange(3 * 64, dtype=torch.int32).view(3, 64) + 1000
+    backend = _triton_backend(req_to_token, page_size=1)
+    # Two requests (prefix 5 and 2), 3 draft slots each: slot 0 root, slot 1 child of 0, slot 2
+    # child of 0 (a sibling of 1). EAGLE's FULL_MASK: per request a 3 x (prefix + 3) block.
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    mask = torch.cat([torch.cat([torch.ones(3, p, dtype=torch.bool), tree], 1).flatten() for p in (5, 2)])
+    verify = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=2, seq_lens=torch.tensor([5, 2]),
+        req_pool_indices=torch.tensor([2, 0]), positions=torch.tensor([5, 6, 6, 2, 3, 3]),
+        seq_lens_cpu=torch.tensor([5, 2]), spec_info=SimpleNamespace(topk=2, custom_mask=mask),
+    )
+    backend.init_forward_metadata(verify)
+    meta = backend.forward_metadata
+    assert meta.key_limit.tolist() == [6, 7, 8, 3, 4, 5]  # by draft slot, not by depth
+    assert meta.draft_start.tolist() == [5, 5, 5, 2, 2, 2]
+    assert meta.tree_mask.tolist() == tree.tolist() * 2
+    assert meta.page_table[0, :5].tolist() == (req_to_token[2, :5]).tolist()  # page size 1: token slots
+
+    # Tree draft step 1 (i = 1), 2 branches, 3 steps: branch j's drafts at prefix + 3 j + (0, 1).
+    draft = _on_h200(TritonDSAMultiStepDraftBackend, _runner(req_to_token, page_size=1), 2, 3)
+    step = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, batch_size=1, seq_lens=torch.tensor([4]), seq_lens_cpu=torch.tensor([4]),
+        req_pool_indices=torch.tensor([1]), positions=torch.tensor([4, 4]),
+    )
+    draft.init_forward_metadata(step)
+    meta = draft.attn_backends[1].forward_metadata
+    assert meta.key_limit.tolist() == [6, 6] and meta.query_req.tolist() == [0, 1]
+    row = req_to_token[1]
+    assert meta.slot_table[0, :6].tolist() == row[[0, 1, 2, 3, 4, 5]].tolist()
+    assert meta.slot_table[1, :6].tolist() == row[[0, 1, 2, 3, 7, 8]].tolist()

@@ -122,9 +122,11 @@ def test_validation_refuses_unsupported_combinations(kw, message):
         check_spec_args(_spec(**kw), on_cpu=True)
 
 
-def test_validation_refuses_tree_drafts_on_cuda():
-    with pytest.raises(UnsupportedSpecConfig, match="chains"):
-        check_spec_args(_spec(speculative_eagle_topk=2, speculative_num_draft_tokens=8, page_size=1), on_cpu=False)
+def test_validation_tree_drafts_on_cuda_need_a_bfloat16_cache():
+    tree = dict(speculative_eagle_topk=2, speculative_num_draft_tokens=8, page_size=1)
+    check_spec_args(_spec(**tree), on_cpu=False)
+    with pytest.raises(UnsupportedSpecConfig, match="64-token pages"):
+        check_spec_args(_spec(kv_cache_dtype="fp8_e4m3", **tree), on_cpu=False)
 
 
 # ---- EAGLE CPU ops ------------------------------------------------------------------------------

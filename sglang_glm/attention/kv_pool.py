@@ -115,10 +115,10 @@ class TorchDSAKVPool(DSATokenToKVPool):
         scales = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
         scales[page, slot] = scale
 
-    def index_k_pages(self, layer_id: int) -> torch.Tensor:
-        """The index-K cache as the Triton indexer reads it: [pages, 64, dim] or FP8 [pages, 64 * 132]."""
+    def index_k_pages(self, layer_id: int, page: int) -> torch.Tensor:
+        """The index-K cache as the Triton indexer reads it: [pages, page, dim] or FP8 [pages, 64 * 132]."""
         buf = self.index_k(layer_id)
-        return buf if self.fp8 else buf.view(-1, FP8_INDEX_PAGE, self.index_head_dim)
+        return buf if self.fp8 else buf.view(-1, page, self.index_head_dim)
 
     def mla_rows(self, layer_id: int) -> torch.Tensor:
         """Latent+rope rows as stored: [P, 576] in the KV dtype, or FP8 uint8 [P, 656]."""

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_glm.attention.verify_mask import tree_mask_rows
+
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -105,7 +107,7 @@ class TorchDSABackend(AttentionBackend):
             query_starts=starts,
             query_counts=counts,
             key_limits=forward_batch.positions.to(torch.int64),
-            tree_mask=_verify_tree_mask(forward_batch, counts) if mode.is_target_verify() else None,
+            tree_mask=_verify_tree_mask(forward_batch) if mode.is_target_verify() else None,
         )
 
     # ---- indexer --------------------------------------------------------------------------
@@ -191,24 +193,13 @@ class TorchDSABackend(AttentionBackend):
         return out.view(-1, num_heads * v_dim)
 
 
-def _verify_tree_mask(forward_batch: "ForwardBatch", counts: list[int]) -> Optional[torch.Tensor]:
-    """[num_tokens, draft_tokens] bool from EAGLE's verify mask, None for a chain (topk 1).
-
-    On CPU SGLang builds the QLEN_ONLY layout: per request a [draft, draft] block, row = query
-    slot, column = key slot, True where the key slot is the root, an ancestor or the query itself.
-    """
+def _verify_tree_mask(forward_batch: "ForwardBatch") -> Optional[torch.Tensor]:
+    """[num_tokens, draft_tokens] bool from EAGLE's verify mask, None for a chain (topk 1)."""
     spec = forward_batch.spec_info
     mask = getattr(spec, "custom_mask", None)
     if getattr(spec, "topk", 1) == 1 or mask is None or mask.numel() == 0:
         return None  # a chain: causal order over the draft slots is exactly the tree
-    n = spec.draft_token_num
-    bs = len(counts)
-    if mask.numel() != bs * n * n:
-        raise NotImplementedError(
-            f"{BACKEND_NAME} reads EAGLE's QLEN_ONLY tree mask ({bs}x{n}x{n} entries); got "
-            f"{mask.numel()} entries (a FULL_MASK layout?)"
-        )
-    return mask.view(bs * n, n).to(torch.bool)
+    return tree_mask_rows(mask, forward_batch.seq_lens, spec.draft_token_num)
 
 
 class TorchDSAMultiStepDraftBackend:

@@ -21,39 +21,45 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from glm_dsa_kernels.indexer import indexer_topk
+from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd
+from glm_dsa_kernels.topk_select import topk_positions
+from sglang_glm.attention.verify_mask import tree_mask_rows
 from sglang_glm.plugin import TRITON_BACKEND_NAME as BACKEND_NAME
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-PAGE_SIZE = 64  # the indexer reads the index-K cache as [pages, 64, dim]
+INDEX_PAGE = 64  # tokens per index-K page with SGLang's DSA page size
 
 
 @dataclass
 class TritonDSAMetadata:
-    query_req: torch.Tensor  # [T] req_to_token row of each query token
-    query_batch: torch.Tensor  # [T] page-table row of each query token
-    key_limit: torch.Tensor  # [T] query t sees its request's key positions [0, key_limit[t])
-    page_table: torch.Tensor  # [B, pages] index-K page of each 64 key positions of request b
+    query_req: torch.Tensor  # [T] row of slot_table holding query t's keys
+    query_batch: torch.Tensor  # [T] row of page_table
+    key_limit: torch.Tensor  # [T] query t sees key positions [0, key_limit[t]) of its row
+    page_table: torch.Tensor  # [B, pages] index-K page of each page of key positions
+    slot_table: torch.Tensor  # [R, W] KV slot of each key position: SGLang's req_to_token, or one
+    # row per (request, branch) in a tree draft step
+    tree_mask: Optional[torch.Tensor] = None  # [T, n] target-verify of a draft tree: visible draft slots
+    draft_start: Optional[torch.Tensor] = None  # [T] position of the request's first draft slot
 
 
 class TritonDSABackend(AttentionBackend):
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
-        if model_runner.page_size != PAGE_SIZE:
+        self.page = model_runner.page_size
+        if self.page not in (1, INDEX_PAGE):
             raise ValueError(
-                f"{BACKEND_NAME} reads the index-K cache in SGLang's {PAGE_SIZE}-token pages; the "
-                f"server runs with --page-size {model_runner.page_size}. Start it with --page-size "
-                f"{PAGE_SIZE} (SGLang's default for DSA models)."
+                f"{BACKEND_NAME} reads the index-K cache in SGLang's {INDEX_PAGE}-token pages (or token "
+                f"slots with --page-size 1); the server runs with --page-size {self.page}"
             )
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.max_pages = -(-self.req_to_token.shape[1] // PAGE_SIZE)
+        self.max_pages = -(-self.req_to_token.shape[1] // self.page)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.forward_metadata: Optional[TritonDSAMetadata] = None
         self.graph_metadata: Optional[TritonDSAMetadata] = None
@@ -63,13 +69,17 @@ class TritonDSABackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
         self.forward_metadata = self.build_metadata(forward_batch, self._eager_pages(forward_batch))
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        def buffer(*shape):
-            return torch.zeros(shape, dtype=torch.int32, device=self.device)
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, rows: int = 0):
+        """Static buffers for CUDA graphs; rows: per-branch slot rows of a tree draft step."""
+        def buffer(*shape, dtype=torch.int32):
+            return torch.zeros(shape, dtype=dtype, device=self.device)
 
+        per_request = max(max_num_tokens // max(max_bs, 1), 1)
         self.graph_metadata = TritonDSAMetadata(
             buffer(max_num_tokens), buffer(max_num_tokens), buffer(max_num_tokens),
-            buffer(max_bs, self.max_pages),
+            buffer(max(max_bs, rows), self.max_pages),
+            buffer(rows, self.req_to_token.shape[1]) if rows else self.req_to_token,
+            buffer(max_num_tokens, per_request, dtype=torch.bool), buffer(max_num_tokens),
         )
 
     def init_forward_metadata_out_graph(self, forward_batch: "ForwardBatch", in_capture: bool = False):
@@ -85,45 +95,64 @@ class TritonDSABackend(AttentionBackend):
         pages: int,
         out: Optional[TritonDSAMetadata] = None,
         draft_step: Optional[int] = None,
+        branches: int = 1,
+        num_steps: int = 1,
     ) -> TritonDSAMetadata:
         """The batch's layout for the kernels, in `out`'s buffers when given.
 
-        draft_step i: EAGLE draft step i + 1 (steps share one batch); its queries sit after the
-        request's seq_lens keys and i earlier draft tokens.
+        draft_step i: EAGLE draft step i + 1 (steps share one batch): each query sits after its
+        request's seq_lens keys and i earlier draft tokens of its branch; with branches > 1 (a
+        tree) branch j's drafts live at req_to_token[b, seq_len + j * num_steps + (0..i)].
         """
         num_tokens, bs = forward_batch.positions.shape[0], forward_batch.batch_size
         req = forward_batch.req_pool_indices
         mode = forward_batch.forward_mode
+        token = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
         if num_tokens == 0:
-            query_batch = torch.zeros(0, dtype=torch.int32, device=self.device)
+            query_batch = token
         elif mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
             # A fixed number of query tokens per request (1, eagle top-k, or the draft tokens).
-            query_batch = torch.arange(num_tokens, dtype=torch.int32, device=self.device) // (num_tokens // bs)
+            query_batch = token // (num_tokens // bs)
         else:
             query_batch = torch.repeat_interleave(
                 torch.arange(bs, dtype=torch.int32, device=self.device),
                 forward_batch.extend_seq_lens, output_size=num_tokens,
             )
         rows = query_batch.long()
-        if draft_step is None:
-            key_limit = forward_batch.positions + 1
-        else:
+        tree_mask = draft_start = None
+        slot_table, query_req = self.req_to_token, req[rows].to(torch.int32)
+        if draft_step is not None:
             key_limit = forward_batch.seq_lens[rows] + draft_step + 1
+            if branches > 1:
+                slot_table = self._branch_slots(forward_batch.seq_lens[rows], req[rows], token % branches, num_steps)
+                query_req = query_batch = token
+        elif mode.is_target_verify():
+            # Verify token j of a request sees the prefix and draft slots 0..j (a tree: its ancestors).
+            per_request = max(num_tokens // max(bs, 1), 1)
+            draft_start = forward_batch.seq_lens[rows]
+            key_limit = draft_start + token % per_request + 1
+            if getattr(forward_batch.spec_info, "topk", 1) > 1:
+                tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, forward_batch.seq_lens, per_request)
+        else:
+            key_limit = forward_batch.positions + 1
+        table_rows = self.req_to_token[req.long()] if slot_table is self.req_to_token else slot_table
         meta = TritonDSAMetadata(
-            query_req=req[rows].to(torch.int32),
+            query_req=query_req,
             query_batch=query_batch,
             key_limit=key_limit.to(torch.int32),
-            page_table=self.req_to_token[req.long(), ::PAGE_SIZE][:, :pages] // PAGE_SIZE,
+            page_table=table_rows[:, :: self.page][:, :pages] // self.page,
+            slot_table=slot_table,
+            tree_mask=tree_mask,
+            draft_start=None if draft_start is None else draft_start.to(torch.int32),
         )
-        if out is None:
-            return meta
-        views = TritonDSAMetadata(
-            out.query_req[:num_tokens], out.query_batch[:num_tokens], out.key_limit[:num_tokens],
-            out.page_table[:bs, :pages],
-        )
-        for dst, src in zip(vars(views).values(), vars(meta).values()):
-            dst.copy_(src)
-        return views
+        return meta if out is None else _into(out, meta)
+
+    def _branch_slots(self, prefix, req, branch, num_steps) -> torch.Tensor:
+        """[rows, W] KV slots of each (request, branch) row: the prefix, then that branch's drafts."""
+        width = self.req_to_token.shape[1]
+        pos = torch.arange(width, device=self.device)
+        src = torch.where(pos[None, :] < prefix[:, None], pos[None, :], pos[None, :] + branch[:, None].long() * num_steps)
+        return self.req_to_token[req.long()[:, None], src.clamp(max=width - 1)]
 
     def _eager_pages(self, forward_batch, extra_keys: int = 0) -> int:
         """Page-table width that covers every key of the batch, from the host copy of seq_lens."""
@@ -135,7 +164,7 @@ class TritonDSABackend(AttentionBackend):
             # Verify and draft tokens may sit after seq_lens: one key per query token covers them.
             extra_keys += forward_batch.positions.shape[0] // max(forward_batch.batch_size, 1)
         keys = int(seq_lens_cpu.max()) + extra_keys
-        return min(self.max_pages, -(-keys // PAGE_SIZE))
+        return min(self.max_pages, -(-keys // self.page))
 
     # ---- indexer --------------------------------------------------------------------------
 
@@ -144,11 +173,22 @@ class TritonDSABackend(AttentionBackend):
 
     def index_topk(self, layer_id, q, weights, sm_scale, topk) -> torch.Tensor:
         meta = self.forward_metadata
+        q = q.to(torch.bfloat16)
         # relu(s * x) = s * relu(x) for s > 0: the softmax scale folds into the head weights.
-        return indexer_topk(
-            q.to(torch.bfloat16), (weights * sm_scale).float(), self.token_to_kv_pool.index_k_pages(layer_id),
-            meta.page_table, meta.query_batch, meta.key_limit, topk,
-        )
+        weights = (weights * sm_scale).float()
+        k_cache = self.token_to_kv_pool.index_k_pages(layer_id, self.page)
+        if meta.tree_mask is None:
+            return indexer_topk(q, weights, k_cache, meta.page_table, meta.query_batch, meta.key_limit, topk)
+        # A draft tree: draft slots outside a verify token's ancestry score -inf and never count.
+        logits = torch.empty(q.shape[0], meta.page_table.shape[1] * self.page, dtype=torch.float32, device=q.device)
+        indexer_logits(q, weights, k_cache, meta.page_table, meta.query_batch, meta.key_limit, logits)
+        draft = meta.draft_start[:, None].long() + torch.arange(meta.tree_mask.shape[1], device=q.device)
+        draft = draft.clamp(max=logits.shape[1] - 1)
+        logits.scatter_(1, draft, logits.gather(1, draft).masked_fill(~meta.tree_mask, float("-inf")))
+        positions = topk_positions(logits, meta.key_limit, topk)
+        slot = (positions.long() - meta.draft_start[:, None]).clamp(0, meta.tree_mask.shape[1] - 1)
+        hidden = (positions >= meta.draft_start[:, None]) & ~meta.tree_mask.gather(1, slot)
+        return positions.masked_fill(hidden, -1)
 
     # ---- sparse MLA -----------------------------------------------------------------------
 
@@ -168,7 +208,8 @@ class TritonDSABackend(AttentionBackend):
         if save_kv_cache and k is not None:
             pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k.to(pool.dtype_for_writes),
                                    k_rope.to(pool.dtype_for_writes))
-        rows = positions_to_pool_rows(topk_indices, self.req_to_token, self.forward_metadata.query_req)
+        meta = self.forward_metadata
+        rows = positions_to_pool_rows(topk_indices, meta.slot_table, meta.query_req)
         kv = pool.mla_rows(layer.layer_id)
         heads, dtype = layer.tp_q_head_num, q.dtype
         q = q.view(-1, heads, layer.qk_head_dim).to(torch.bfloat16)
@@ -178,31 +219,62 @@ class TritonDSABackend(AttentionBackend):
 
 
 class TritonDSAMultiStepDraftBackend:
-    """EAGLE's draft steps 1 .. num_steps - 1 (chain drafts): one backend, and buffers, per step."""
+    """EAGLE's draft steps 1 .. num_steps - 1: one backend, and buffers, per step.
+
+    Draft step i (0-based in this loop) of request b, branch j sits after b's prefix and i earlier
+    drafts of its branch. A chain reads the request's req_to_token row; a tree (topk > 1, page
+    size 1) gives each (request, branch) its own row of KV slots (`TritonDSABackend._branch_slots`).
+    """
 
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
-        if topk != 1:
+        if topk > 1 and model_runner.page_size != 1:
             raise ValueError(
-                f"{BACKEND_NAME} drafts chains (--speculative-eagle-topk 1); got "
-                f"--speculative-eagle-topk {topk}"
+                f"{BACKEND_NAME} serves tree drafts (--speculative-eagle-topk {topk}) with page size 1; "
+                f"the server runs with --page-size {model_runner.page_size}"
             )
+        self.topk = topk
         self.speculative_num_steps = speculative_num_steps
         self.attn_backends = [TritonDSABackend(model_runner) for _ in range(max(speculative_num_steps - 1, 0))]
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
         for i, backend in enumerate(self.attn_backends):
             pages = backend._eager_pages(forward_batch, extra_keys=self.speculative_num_steps)
-            backend.forward_metadata = backend.build_metadata(forward_batch, pages, draft_step=i)
+            backend.forward_metadata = backend.build_metadata(
+                forward_batch, pages, draft_step=i, branches=self.topk, num_steps=self.speculative_num_steps
+            )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         for backend in self.attn_backends:
-            backend.init_cuda_graph_state(max_bs, max_num_tokens)
+            backend.init_cuda_graph_state(max_bs, max_num_tokens, rows=max_num_tokens if self.topk > 1 else 0)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         for i, backend in enumerate(self.attn_backends):
             backend.forward_metadata = backend.build_metadata(
-                forward_batch, backend.max_pages, out=backend.graph_metadata, draft_step=i
+                forward_batch, backend.max_pages, out=backend.graph_metadata, draft_step=i,
+                branches=self.topk, num_steps=self.speculative_num_steps,
             )
 
     def init_forward_metadata_in_graph(self, forward_batch):
         pass  # everything is refilled before replay
+
+
+def _into(out: TritonDSAMetadata, meta: TritonDSAMetadata) -> TritonDSAMetadata:
+    """meta copied into the static buffers of out (CUDA graphs read fixed addresses)."""
+    def put(buffer, value):
+        if value is None:
+            return None
+        if buffer is value:  # SGLang's req_to_token: already static
+            return value
+        view = buffer[tuple(slice(0, n) for n in value.shape)]
+        view.copy_(value)
+        return view
+
+    return TritonDSAMetadata(
+        query_req=put(out.query_req, meta.query_req),
+        query_batch=put(out.query_batch, meta.query_batch),
+        key_limit=put(out.key_limit, meta.key_limit),
+        page_table=put(out.page_table, meta.page_table),
+        slot_table=put(out.slot_table, meta.slot_table),
+        tree_mask=put(out.tree_mask, meta.tree_mask),
+        draft_start=put(out.draft_start, meta.draft_start),
+    )

@@ -30,12 +30,13 @@ def check_spec_args(cfg, on_cpu: bool) -> None:
         problems.append("adaptive speculative decoding is not supported with the GLM-DSA MTP draft")
     topk = getattr(cfg, "speculative_eagle_topk", None) or 1
     page_size = getattr(cfg, "page_size", None) or 1
-    if topk > 1 and not on_cpu:
+    if topk > 1 and getattr(cfg, "kv_cache_dtype", None) == "fp8_e4m3":
         problems.append(
-            f"--speculative-eagle-topk {topk}: tree drafts are served on the CPU path only so far; "
-            "on CUDA the Triton backend drafts chains (--speculative-eagle-topk 1)"
+            f"--speculative-eagle-topk {topk} with --kv-cache-dtype fp8_e4m3: tree drafts run with page "
+            "size 1, and FP8 index keys are laid out in 64-token pages; use a bfloat16 KV cache for "
+            "tree drafts, or --speculative-eagle-topk 1"
         )
-    elif topk > 1 and page_size > 1:
+    if topk > 1 and page_size > 1:
         problems.append(
             f"--speculative-eagle-topk {topk} with --page-size {page_size}: tree drafts need "
             "--page-size 1 on the plugin's DSA backend"

@@ -75,13 +75,26 @@ def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
     result.assert_agrees()
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_mtp_chain_lossless_with_acceptance(models, share):
-    name = f"mtp_chain_share_{'on' if share else 'off'}"
-    args = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
-    if not share:
-        args += ["--json-model-override-args", '{"index_share_for_mtp_iteration": false}']
+CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4")
+TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "6")
+SHARE_OFF = ("--json-model-override-args", '{"index_share_for_mtp_iteration": false}')
+
+
+@pytest.mark.parametrize(
+    "name, args",
+    [
+        ("mtp_chain_share_on", CHAIN),
+        ("mtp_chain_share_off", CHAIN + SHARE_OFF),
+        ("mtp_tree_share_on", TREE),
+        ("mtp_tree_share_off", TREE + SHARE_OFF),
+        ("mtp_tree_torch", TREE + ("--attention-backend", "glm_dsa_torch", "--disable-cuda-graph")),
+    ],
+)
+def test_mtp_lossless_with_acceptance(models, name, args):
+    """EAGLE with the MTP layer (chains and trees; trees run with page size 1): verified tokens
+    agree with the reference, and acceptance is reported per request."""
     with gpu_server(models["glm52"], name, *args) as url:
         got, result, outs = serve_and_judge(url, models["glm52"], name)
     accept = [o["meta_info"].get("spec_accept_length") for o in outs]
@@ -92,9 +105,7 @@ def test_mtp_chain_lossless_with_acceptance(models, share):
 
 def test_mtp_sampled_requests_are_served(models):
     """temperature > 0 with MTP on: verified by SGLang's GPU rejection sampler, not refused."""
-    args = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4", "--speculative-use-rejection-sampling"]
-    with gpu_server(models["glm52"], "mtp_sampled", *args) as url:
+    with gpu_server(models["glm52"], "mtp_sampled", *CHAIN, "--speculative-use-rejection-sampling") as url:
         outs = generate(url, PROMPTS, temperature=0.8, top_p=1.0)
         greedy = generate(url, PROMPTS[:1])
         health = requests.get(url + "/health", timeout=30).status_code
