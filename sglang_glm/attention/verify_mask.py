@@ -21,4 +21,5 @@ def tree_mask_rows(custom_mask: torch.Tensor, seq_lens: torch.Tensor, n: int) ->
     start = torch.cumsum(block, 0) - block
     j = torch.arange(n, device=seq.device)
     idx = (start + seq)[:, None, None] + j[None, :, None] * (seq + n)[:, None, None] + j[None, None, :]
-    return custom_mask[idx.view(bs * n, n)].to(torch.bool)
+    # CUDA-graph padding rows lie past the batch's mask: clamped, they read a cell no output uses.
+    return custom_mask[idx.view(bs * n, n).clamp(max=custom_mask.numel() - 1)].to(torch.bool)
