@@ -240,7 +240,7 @@ class TorchDSAMultiStepDraftBackend:
                 seq_lens=[len(k) for k in key_locs],
                 query_starts=list(range(rows)),
                 query_counts=[1] * rows,
-                key_limits=torch.tensor(limits, dtype=torch.int64),
+                key_limits=torch.tensor(limits, dtype=torch.int64, device=self.req_to_token.device),
                 key_locs=key_locs,
             )
 
