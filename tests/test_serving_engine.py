@@ -86,6 +86,16 @@ def test_tensor_parallel_2_matches_tp1(ckpt_shared, monkeypatch):
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want
 
 
+def test_pipeline_parallel_2_matches_transformers(ckpt_shared, monkeypatch):
+    """PP=2 on CPU: layers 0-1 on one rank, 2-3 on the other. The plan FFSF makes stage 2 start
+    at a shared layer, so its top-k travel from stage 1 with the hidden states."""
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")
+    assert SHARED_PLAN[2] == "S"
+    want = hf_greedy(ckpt_shared, PROMPTS, NEW_TOKENS)
+    with engine(ckpt_shared, pp_size=2) as llm:
+        assert greedy(llm, PROMPTS, NEW_TOKENS) == want
+
+
 def test_bundled_trained_model_matches_transformers():
     """The committed glm-dsa-mini (trained, indexer in every layer) with a shared plan."""
     from pathlib import Path

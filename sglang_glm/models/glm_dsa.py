@@ -21,12 +21,13 @@ from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.layers.utils import PPMissingLayer
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
 from sglang.srt.model_executor.forward_context import get_attn_backend
 from sglang.srt.model_loader.weight_utils import default_weight_loader
-from sglang.srt.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE
-from sglang.srt.runtime_context import get_parallel, get_server_args
-from sglang.srt.utils import add_prefix
+from sglang.srt.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE, pp_stage_needs_embedding
+from sglang.srt.runtime_context import get_parallel, get_server_args, get_spec
+from sglang.srt.utils import add_prefix, make_pp_layers
 
 from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
 from sglang_glm.models.weights import CheckpointAccounting
@@ -259,31 +260,50 @@ class GlmDsaDecoderLayer(nn.Module):
 
 
 class GlmDsaModel(nn.Module):
+    """The decoder stack; under pipeline parallelism this rank's stage [start_layer, end_layer)."""
+
     def __init__(self, config, plan: LayerPlan, quant_config, prefix: str = ""):
         super().__init__()
         self.plan = plan
-        self.embed_tokens = VocabParallelEmbedding(
-            config.vocab_size, config.hidden_size, prefix=add_prefix("embed_tokens", prefix)
-        )
-        self.layers = nn.ModuleList(
-            GlmDsaDecoderLayer(
-                config, i, plan.is_full(i), quant_config, add_prefix(f"layers.{i}", prefix)
+        self.pp_group = get_parallel().pp_group
+        if pp_stage_needs_embedding(self.pp_group, get_spec().speculative_algorithm):
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, prefix=add_prefix("embed_tokens", prefix)
             )
-            for i in range(config.num_hidden_layers)
+        else:
+            self.embed_tokens = PPMissingLayer()
+        self.layers, self.start_layer, self.end_layer = make_pp_layers(
+            config.num_hidden_layers,
+            lambda idx, prefix: GlmDsaDecoderLayer(config, idx, plan.is_full(idx), quant_config, prefix),
+            prefix=add_prefix("layers", prefix),
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if self.pp_group.is_last_rank:
+            self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.norm = PPMissingLayer(return_tuple=True)
         self.topk_buffer = TopkBuffer(config.index_topk)
 
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None, plan=None):
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None, plan=None, pp_proxy_tensors=None):
         plan = plan or self.plan
         check_plan_servable(plan, self.plan)
-        hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        self.topk_buffer.begin_forward(hidden_states.shape[0])
-        residual = None
-        for i, layer in enumerate(self.layers):
-            hidden_states, residual = layer(
+        self.topk_buffer.begin_forward(positions.shape[0])
+        if self.pp_group.is_first_rank:
+            hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+            residual = None
+        else:
+            hidden_states, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
+            if not plan.is_full(self.start_layer):
+                # A stage that starts at a shared layer reuses the previous stage's top-k.
+                self.topk_buffer.write(plan.source_layer(self.start_layer), pp_proxy_tensors["topk_indices"])
+        for i in range(self.start_layer, self.end_layer):
+            hidden_states, residual = self.layers[i](
                 positions, hidden_states, residual, forward_batch, self.topk_buffer, plan.is_full(i)
             )
+        if not self.pp_group.is_last_rank:
+            tensors = {"hidden_states": hidden_states, "residual": residual}
+            if not plan.is_full(self.end_layer):
+                tensors["topk_indices"] = self.topk_buffer.read(self.end_layer)
+            return PPProxyTensors(tensors)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -332,10 +352,21 @@ class GlmMoeDsaForCausalLM(nn.Module):
         self.config = config
         self.quant_config = quant_config
         self.model = GlmDsaModel(config, self.plan, quant_config, add_prefix("model", prefix))
-        self.lm_head = ParallelLMHead(
-            config.vocab_size, config.hidden_size, prefix=add_prefix("lm_head", prefix)
-        )
+        if self.model.pp_group.is_last_rank:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, prefix=add_prefix("lm_head", prefix)
+            )
+        else:
+            self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config)
+
+    @property
+    def start_layer(self) -> int:
+        return self.model.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.end_layer
 
     @property
     def topk_buffer(self) -> TopkBuffer:
@@ -357,9 +388,12 @@ class GlmMoeDsaForCausalLM(nn.Module):
         forward_batch: ForwardBatch,
         input_embeds: Optional[torch.Tensor] = None,
         plan: Optional[LayerPlan] = None,
+        pp_proxy_tensors: Optional[PPProxyTensors] = None,
         **unused,
     ):
-        hidden_states = self.model(input_ids, positions, forward_batch, input_embeds, plan)
+        hidden_states = self.model(input_ids, positions, forward_batch, input_embeds, plan, pp_proxy_tensors)
+        if not self.model.pp_group.is_last_rank:
+            return hidden_states  # PPProxyTensors for the next stage
         return self.logits_processor(input_ids, hidden_states, self.lm_head, forward_batch)
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100, tp_size: int = 1):
@@ -379,7 +413,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
-        accounting = CheckpointAccounting(self.config, self.plan)
+        accounting = CheckpointAccounting(self.config, self.plan, self.start_layer, self.end_layer, params)
         expert_mapping = FusedMoE.make_expert_params_mapping(
             ckpt_gate_proj_name="gate_proj",
             ckpt_down_proj_name="down_proj",
@@ -400,7 +434,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
                 continue
             accounting.loaded.add(self._load_one(params, expert_mapping, name, tensor))
         accounting.finish(params)
-        for layer in self.model.layers:
+        for layer in self.model.layers[self.start_layer : self.end_layer]:
             layer.self_attn.absorb_kv_b_proj(_dequantized_weight(layer.self_attn.kv_b_proj))
 
     def _load_one(self, params, expert_mapping, name: str, tensor: torch.Tensor) -> str:

@@ -2,7 +2,9 @@
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
 log line; a full layer missing indexer tensors, or tensors for layers the model does not have,
-stop loading with an error that names them.
+stop loading with an error that names them. Under pipeline parallelism each rank loads its stage
+[start_layer, end_layer) (and the embedding, final norm and lm head where it holds them) and counts
+the rest as other stages' tensors.
 """
 
 from __future__ import annotations
@@ -23,15 +25,22 @@ class CheckpointError(ValueError):
     pass
 
 
+# Tensors outside the decoder layers, and the module that holds each (absent on some PP stages).
+_EDGE_TENSORS = ("model.embed_tokens.", "model.norm.", "lm_head.")
+
+
 class CheckpointAccounting:
-    def __init__(self, config, plan: LayerPlan):
+    def __init__(self, config, plan: LayerPlan, start_layer: int, end_layer: int, params: dict):
         self.num_layers = config.num_hidden_layers
         # The MTP layer sits at index num_hidden_layers, one per num_nextn_predict_layers.
         self.num_mtp_layers = getattr(config, "num_nextn_predict_layers", 0) or 0
         self.plan = plan
+        self.stage = range(start_layer, end_layer)
+        self.edges_held = {p for p in _EDGE_TENSORS if any(n.startswith(p) for n in params)}
         self.loaded: set[str] = set()
         self.skipped_indexer = {"tensors": 0, "bytes": 0, "layers": set()}
         self.skipped_mtp = 0
+        self.other_stages = 0
 
     def admit(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether the target model loads `name`; skipped tensors are counted."""
@@ -39,6 +48,10 @@ class CheckpointAccounting:
             return False
         match = _LAYER.match(name)
         if match is None:
+            edge = next((p for p in _EDGE_TENSORS if name.startswith(p)), None)
+            if edge is not None and edge not in self.edges_held:
+                self.other_stages += 1  # another pipeline stage holds this module
+                return False
             return True
         layer = int(match.group(1))
         if layer >= self.num_layers + self.num_mtp_layers:
@@ -49,6 +62,9 @@ class CheckpointAccounting:
             )
         if layer >= self.num_layers:
             self.skipped_mtp += 1  # the MTP draft model loads these
+            return False
+        if layer not in self.stage:
+            self.other_stages += 1
             return False
         if ".self_attn.indexer." in name and not self.plan.is_full(layer):
             self.skipped_indexer["tensors"] += 1
@@ -75,10 +91,12 @@ class CheckpointAccounting:
         skipped = self.skipped_indexer
         logger.info(
             "IndexCache: skipped %d indexer tensors (%d bytes, FP8 scales included) of %d shared "
-            "layers %s; %d MTP-layer tensors left to the draft model",
+            "layers %s; %d MTP-layer tensors left to the draft model; %d tensors of other "
+            "pipeline stages",
             skipped["tensors"],
             skipped["bytes"],
             len(skipped["layers"]),
             sorted(skipped["layers"]),
             self.skipped_mtp,
+            self.other_stages,
         )
