@@ -11,6 +11,8 @@ mkdir -p "$OUT"
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RESULTS=/tmp/glm_gpu_results
+# Multi-GPU hosts are shared: NVLink multicast stays off (the device notes say why).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rm -rf "$GLM_GPU_RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu_suite.log"
 timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA "$@" \
