@@ -12,21 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from gpu_serving import PROMPTS, NEW_TOKENS, agreement, generate, gpu_server, make_model, record, results_dir, tokens
+from gpu_serving import PROMPTS, NEW_TOKENS, agreement, generate, gpu_server, record, results_dir, tokens
 
 pytestmark = pytest.mark.gpu
 
 PROBE = Path(__file__).parent / "sync_probe"
 
 
-@pytest.fixture(scope="session")
-def glm52(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp().parent / "models"
-    root.mkdir(exist_ok=True)
-    return make_model(root, "glm52", seed=3)
 
 
-def test_engine_with_cuda_graphs_matches_eager_server(glm52):
+def test_engine_with_cuda_graphs_matches_eager_server(models):
+    glm52 = models["glm52"]
     import sglang as sgl
 
     llm = sgl.Engine(model_path=str(glm52), dtype="bfloat16", mem_fraction_static=0.06, max_total_tokens=32768,
@@ -46,7 +42,8 @@ def test_engine_with_cuda_graphs_matches_eager_server(glm52):
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_decode_step_makes_no_host_sync(glm52, graphs):
+def test_decode_step_makes_no_host_sync(models, graphs):
+    glm52 = models["glm52"]
     name = f"sync_probe_{'graphs' if graphs else 'eager'}"
     log = results_dir() / f"{name}.jsonl"
     log.unlink(missing_ok=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from gpu_serving import PROMPTS, agreement, generate, gpu_server, make_model, record, tokens
+from gpu_serving import PROMPTS, agreement, generate, gpu_server, record, tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,11 +28,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def glm52(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp().parent / "models"
-    root.mkdir(exist_ok=True)
-    return make_model(root, "glm52", seed=3)
 
 
 def timed_generate(url):
@@ -43,14 +38,16 @@ def timed_generate(url):
 
 
 @pytest.fixture(scope="module")
-def tp1(glm52):
+def tp1(models):
+    glm52 = models["glm52"]
     with gpu_server(glm52, "parallel_tp1") as url:
         generate(url, PROMPTS[:1])  # warm-up
         return timed_generate(url)
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_layout_agrees_with_tp1(glm52, tp1, name):
+def test_layout_agrees_with_tp1(models, tp1, name):
+    glm52 = models["glm52"]
     want, tp1_rate = tp1
     with gpu_server(glm52, name, *LAYOUTS[name]) as url:
         generate(url, PROMPTS[:1])

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from gpu_serving import (
-    LONG_PROMPT, PROMPTS, agreement, generate, gpu_server, make_model, record, results_dir,
+    LONG_PROMPT, PROMPTS, agreement, generate, gpu_server, record, results_dir,
     tokens,
 )
 
@@ -19,15 +19,6 @@ pytestmark = pytest.mark.gpu
 ALL_PROMPTS = PROMPTS + [LONG_PROMPT]
 
 
-@pytest.fixture(scope="session")
-def models(tmp_path_factory):
-    root = tmp_path_factory.getbasetemp().parent / "models"
-    root.mkdir(exist_ok=True)
-    return {
-        "glm52": make_model(root, "glm52", seed=3),
-        "glm52_fp8": make_model(root, "glm52_fp8", seed=3, fp8=True),
-        "all_full": make_model(root, "all_full", seed=4, overrides={"indexer_types": ["full"] * 4}),
-    }
 
 
 def serve_and_judge(url, path, name):

@@ -1,0 +1,16 @@
+"""The GPU suite's checkpoints, made once per run and shared by the pytest-xdist workers."""
+
+import pytest
+
+from gpu_serving import make_model
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory):
+    root = tmp_path_factory.getbasetemp().parent / "models"
+    root.mkdir(exist_ok=True)
+    return {
+        "glm52": make_model(root, "glm52", seed=3),
+        "glm52_fp8": make_model(root, "glm52_fp8", seed=3, fp8=True),
+        "all_full": make_model(root, "all_full", seed=4, overrides={"indexer_types": ["full"] * 4}),
+    }
