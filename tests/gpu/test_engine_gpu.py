@@ -19,12 +19,10 @@ pytestmark = pytest.mark.gpu
 PROBE = Path(__file__).parent / "sync_probe"
 
 
-
-
 def test_engine_with_cuda_graphs_matches_eager_server(models):
-    glm52 = models["glm52"]
     import sglang as sgl
 
+    glm52 = models["glm52"]
     llm = sgl.Engine(model_path=str(glm52), dtype="bfloat16", mem_fraction_static=0.06, max_total_tokens=32768,
                      max_running_requests=16, cuda_graph_max_bs_decode=16, chunked_prefill_size=512, sampling_backend="pytorch",
                      grammar_backend="none", log_level="warning")

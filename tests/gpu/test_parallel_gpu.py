@@ -28,8 +28,6 @@ LAYOUTS = {
 }
 
 
-
-
 def timed_generate(url):
     start = time.perf_counter()
     outs = generate(url, PROMPTS)
