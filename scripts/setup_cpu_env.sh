@@ -11,6 +11,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import sglang, torch, tra
   .venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1
   .venv/bin/pip install -q --no-deps -r "$FREEZE"
   .venv/bin/pip install -q pytest==9.2.0 matplotlib==3.11.2 hypothesis==6.170.17 sortedcontainers==2.4.0
-  .venv/bin/pip install -q --no-deps -e .
 fi
+# Every time: keeps the plugin's entry points (installed metadata) in step with pyproject.toml.
+.venv/bin/pip install -q --no-deps -e .
 echo "environment ready: $(pwd)/.venv"

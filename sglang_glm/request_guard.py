@@ -1,0 +1,133 @@
+"""Checks on a GLM-DSA request before it reaches SGLang 0.5.23's scheduler.
+
+SGLang's tokenizer manager lets some values through that its scheduler (one process for all
+requests) dies on, taking the server down; others surface as a 500. Each check here raises
+`ValueError` (SGLang answers 400 with its message) naming the field, the value and the fix.
+`check_shape` and `check_before_parsing` see the request as sent; `check_tokenized` sees what the
+scheduler would get (SGLang's parsed and normalized `SamplingParams`, the prompt's token ids).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+
+def _token_ids_in_vocab(field: str, ids, vocab: int) -> None:
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(
+            f"{field} contains {sorted(bad)[:5]} outside the vocabulary [0, {vocab}); "
+            "send token ids of this model's tokenizer"
+        )
+
+
+def _stop_regexes_compile(stop_regex) -> None:
+    # SGLang parses them with re's parser and answers 500 on a pattern it cannot parse.
+    for pattern in [stop_regex] if isinstance(stop_regex, str) else stop_regex or []:
+        if not isinstance(pattern, str):
+            continue  # SGLang's own type checks answer these
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError) as exc:
+            raise ValueError(
+                f"stop_regex {pattern!r} is not a valid regular expression ({exc}); "
+                "send a pattern Python's re module compiles"
+            ) from None
+
+
+# Per-request fields of a batch /generate request that SGLang indexes by request without checking
+# the list's length (an IndexError, answered 500).
+PER_REQUEST_FIELDS = (
+    "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
+    "token_ids_logprob", "lora_path", "custom_logit_processor", "image_data", "video_data",
+    "audio_data", "return_hidden_states", "extra_key", "cache_salt", "bootstrap_host",
+    "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "watermark",
+)
+
+
+def _batch_size(obj) -> int | None:
+    """Number of prompts of a batch request (a list of texts or of token lists), else None."""
+    if isinstance(obj.text, list):
+        return len(obj.text)
+    ids = obj.input_ids
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return None
+
+
+def _parallel_samples_valid(params: dict, where: str) -> None:
+    # SGLang compares `n` with 1 before any check: None or a string is a TypeError (a 500).
+    n = params.get("n", 1)
+    if type(n) is not int or n < 1:
+        raise ValueError(f"{where}n = {n!r}: send a positive integer number of samples (or omit n)")
+
+
+def check_shape(obj) -> None:
+    """A /generate request (GenerateReqInput) as sent, before SGLang normalizes its batch."""
+    params = obj.sampling_params
+    if isinstance(params, list):
+        if not params or not all(isinstance(p, dict) for p in params):
+            raise ValueError(
+                f"sampling_params = {params!r}: send an object, or one object per prompt"
+            )
+        for i, p in enumerate(params):
+            _parallel_samples_valid(p, f"sampling_params[{i}].")
+    elif isinstance(params, dict):
+        _parallel_samples_valid(params, "sampling_params.")
+    size = _batch_size(obj)
+    if size is None:
+        if obj.rid is not None and not isinstance(obj.rid, str):
+            # SGLang keys its request table by rid: a list is unhashable (a 500).
+            raise ValueError(f"rid = {obj.rid!r}: a single prompt takes one string rid")
+        return
+    for name in PER_REQUEST_FIELDS:
+        value = getattr(obj, name, None)
+        if isinstance(value, list) and len(value) != size:
+            raise ValueError(
+                f"{name} has {len(value)} entries for a batch of {size} prompts; send one per "
+                "prompt, or a single value for all"
+            )
+
+
+def check_before_parsing(sampling_params: dict) -> None:
+    """The raw `sampling_params` dict of one request."""
+    _stop_regexes_compile(sampling_params.get("stop_regex"))
+
+
+def _sampled_verify_refused(params) -> None:
+    # SGLang's CPU EAGLE verify is greedy whatever the temperature: refuse instead of lying.
+    greedy = params.temperature == 0 or params.top_k == 1
+    samples_nothing = params.max_new_tokens == 0  # prompt scoring, e.g. the frontend's select
+    if not greedy and not samples_nothing:
+        raise ValueError(
+            "Speculative decoding (EAGLE/NEXTN MTP) on CPU verifies drafts greedily only: a request "
+            f"with temperature={params.temperature} would silently get greedy tokens. Send "
+            "temperature 0 (or top_k 1), or serve without --speculative-algorithm on CPU."
+        )
+
+
+def _logit_bias_finite(logit_bias) -> None:
+    for token, bias in (logit_bias or {}).items():
+        if not math.isfinite(bias):
+            raise ValueError(
+                f"logit_bias[{token!r}] = {bias} is not a finite number; send a finite bias"
+            )
+
+
+def check_tokenized(req, vocab: int, *, greedy_verify_only: bool) -> None:
+    """The tokenized request SGLang is about to send to the scheduler."""
+    if req.input_ids is not None:
+        if len(req.input_ids) == 0:
+            raise ValueError(
+                "The prompt is empty (no tokens); send at least one token (text or input_ids)."
+            )
+        _token_ids_in_vocab("input_ids", req.input_ids, vocab)
+    params = req.sampling_params
+    _token_ids_in_vocab("stop_token_ids", params.stop_token_ids or (), vocab)
+    _logit_bias_finite(params.logit_bias)
+    top = req.top_logprobs_num
+    if req.return_logprob and isinstance(top, int) and top > vocab:
+        raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size {vocab}")
+    if greedy_verify_only:
+        _sampled_verify_refused(params)
