@@ -3,8 +3,8 @@
 SGLang's tokenizer manager lets some values through that its scheduler (one process for all
 requests) dies on, taking the server down; others surface as a 500. Each check here raises
 `ValueError` (SGLang answers 400 with its message) naming the field, the value and the fix.
-`check_shape` and `check_before_parsing` see the request as sent; `check_tokenized` sees what the
-scheduler would get (SGLang's parsed and normalized `SamplingParams`, the prompt's token ids).
+`check_shape` and `check_before_parsing` see the request as sent (and its prompt's token ids);
+`check_tokenized` sees what the scheduler would get (SGLang's parsed, normalized `SamplingParams`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ PER_REQUEST_FIELDS = (
 )
 
 
+# Sequences one request may ask for (prompts x n): SGLang 0.5.23 builds the state of every one up
+# front, and n = 10**6 grows the server past its machine's memory.
+MAX_SEQUENCES = 1024
+
+
 def _batch_size(obj) -> int | None:
     """Number of prompts of a batch request (a list of texts or of token lists), else None."""
     if isinstance(obj.text, list):
@@ -56,31 +61,41 @@ def _batch_size(obj) -> int | None:
     return None
 
 
-def _parallel_samples_valid(params: dict, where: str) -> None:
+def _parallel_samples(params: dict, where: str) -> int:
     # SGLang compares `n` with 1 before any check: None or a string is a TypeError (a 500).
     n = params.get("n", 1)
-    if type(n) is not int or n < 1:
-        raise ValueError(f"{where}n = {n!r}: send a positive integer number of samples (or omit n)")
+    if type(n) is not int or not 1 <= n <= MAX_SEQUENCES:
+        raise ValueError(
+            f"{where}n = {n!r}: send a whole number of samples from 1 to {MAX_SEQUENCES} (or omit n)"
+        )
+    return n
 
 
 def check_shape(obj) -> None:
     """A /generate request (GenerateReqInput) as sent, before SGLang normalizes its batch."""
     params = obj.sampling_params
+    n = 1
     if isinstance(params, list):
         if not params or not all(isinstance(p, dict) for p in params):
             raise ValueError(
-                f"sampling_params = {params!r}: send an object, or one object per prompt"
+                f"sampling_params = {str(params)[:100]}: send an object, or one object per prompt"
             )
-        for i, p in enumerate(params):
-            _parallel_samples_valid(p, f"sampling_params[{i}].")
+        n = max(_parallel_samples(p, f"sampling_params[{i}].") for i, p in enumerate(params))
     elif isinstance(params, dict):
-        _parallel_samples_valid(params, "sampling_params.")
+        n = _parallel_samples(params, "sampling_params.")
     size = _batch_size(obj)
     if size is None:
+        if isinstance(params, list):
+            # SGLang reads a single prompt's sampling_params as an object: a list is a 500.
+            raise ValueError("sampling_params is a list for a single prompt; send one object")
         if obj.rid is not None and not isinstance(obj.rid, str):
             # SGLang keys its request table by rid: a list is unhashable (a 500).
             raise ValueError(f"rid = {obj.rid!r}: a single prompt takes one string rid")
         return
+    if size * n > MAX_SEQUENCES:
+        raise ValueError(
+            f"{size} prompts x n = {n} is {size * n} sequences; send at most {MAX_SEQUENCES} per request"
+        )
     for name in PER_REQUEST_FIELDS:
         value = getattr(obj, name, None)
         if isinstance(value, list) and len(value) != size:
@@ -90,9 +105,16 @@ def check_shape(obj) -> None:
             )
 
 
-def check_before_parsing(sampling_params: dict) -> None:
-    """The raw `sampling_params` dict of one request."""
+def check_before_parsing(sampling_params: dict, input_ids, vocab: int) -> None:
+    """One request's raw `sampling_params` dict and prompt token ids (None for embeddings)."""
     _stop_regexes_compile(sampling_params.get("stop_regex"))
+    if input_ids is not None:
+        if len(input_ids) == 0:
+            raise ValueError(
+                "The prompt is empty (no tokens); send at least one token (text or input_ids)."
+            )
+        # Before SGLang packs them into 64-bit integers (a 500 above 2**63).
+        _token_ids_in_vocab("input_ids", input_ids, vocab)
 
 
 def _sampled_verify_refused(params) -> None:
@@ -117,12 +139,6 @@ def _logit_bias_finite(logit_bias) -> None:
 
 def check_tokenized(req, vocab: int, *, greedy_verify_only: bool) -> None:
     """The tokenized request SGLang is about to send to the scheduler."""
-    if req.input_ids is not None:
-        if len(req.input_ids) == 0:
-            raise ValueError(
-                "The prompt is empty (no tokens); send at least one token (text or input_ids)."
-            )
-        _token_ids_in_vocab("input_ids", req.input_ids, vocab)
     params = req.sampling_params
     _token_ids_in_vocab("stop_token_ids", params.stop_token_ids or (), vocab)
     _logit_bias_finite(params.logit_bias)

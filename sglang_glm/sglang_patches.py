@@ -178,20 +178,20 @@ def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **k
     return result
 
 
-def _guard_glm_dsa_request(original, manager, obj, *args, **kwargs):
+def _guard_glm_dsa_request(original, manager, obj, input_text, input_ids, *args, **kwargs):
     # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
     # down, or answers 500; a clear 400 here keeps serving (ValueError becomes the HTTP error).
     if not is_glm_dsa(manager.model_config.hf_config):
-        return original(manager, obj, *args, **kwargs)
+        return original(manager, obj, input_text, input_ids, *args, **kwargs)
     from sglang_glm import request_guard
 
-    if isinstance(obj.sampling_params, dict):
-        request_guard.check_before_parsing(obj.sampling_params)
-    tokenized = original(manager, obj, *args, **kwargs)
+    vocab = manager.model_config.vocab_size
+    params = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
+    request_guard.check_before_parsing(params, input_ids, vocab)
+    tokenized = original(manager, obj, input_text, input_ids, *args, **kwargs)
     if hasattr(tokenized, "sampling_params"):  # generation, not embedding
         request_guard.check_tokenized(
-            tokenized, manager.model_config.vocab_size,
-            greedy_verify_only=_on_cpu() and _spec_server_args() is not None,
+            tokenized, vocab, greedy_verify_only=_on_cpu() and _spec_server_args() is not None
         )
     return tokenized
 

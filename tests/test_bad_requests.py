@@ -3,7 +3,7 @@
 One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint, MTP drafting on) serves
 the request tests. After every bad request the same greedy request must still return the tokens it returned
 before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server) unless
-the plugin rejects them first (sglang_patches._reject_unservable_request).
+the plugin rejects them first (sglang_glm/request_guard.py).
 
 Launch tests start the server with a malformed layer-plan / MTP override and expect a non-zero
 exit whose output names the field. They run in parallel threads to keep CI time down.
@@ -249,6 +249,59 @@ def test_top_logprobs_more_than_vocab(server):
 
 def test_empty_text_prompt(server):
     assert_4xx(*send(server.url, "/generate", {"text": "", "sampling_params": GREEDY}), "empty")
+    server.assert_still_serving()
+
+
+# Found by the request fuzzer (tests/test_request_fuzz.py); each kills SGLang 0.5.23's scheduler or
+# gets a 500 without the plugin's guard (sglang_glm/request_guard.py).
+FUZZER_FOUND = {
+    # min-new-tokens penalizer scatters with the stop id: scheduler dies
+    "stop_token_ids_oov_min_new_tokens": (
+        "/generate", {"input_ids": PROBE, "sampling_params": {
+            **GREEDY, "stop_token_ids": [VOCAB + 5], "min_new_tokens": 2}},
+        ["stop_token_ids", str(VOCAB + 5), "vocabulary"]),
+    "stop_token_ids_negative_min_new_tokens": (
+        "/generate", {"input_ids": PROBE, "sampling_params": {
+            **GREEDY, "stop_token_ids": [-1], "min_new_tokens": 2}},
+        ["stop_token_ids", "-1", "vocabulary"]),
+    "v1_stop_token_ids_min_tokens": (
+        "/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0,
+                            "stop_token_ids": [10**6], "min_tokens": 2},
+        ["stop_token_ids", str(10**6), "vocabulary"]),
+    # re's parser raises re.error, answered 500
+    "stop_regex_invalid": (
+        "/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0,
+                            "stop_regex": "(?P<n>a)(?P<n>b)"},
+        ["stop_regex", "(?P<n>a)(?P<n>b)"]),
+    # None compared with 1 in SGLang's parallel-sampling setup: TypeError, 500
+    "n_null": ("/generate", {"input_ids": PROBE, "sampling_params": {**GREEDY, "n": None}},
+               ["n = None"]),
+    # every sample's state is built up front: the server grows past the machine's memory
+    "n_huge": ("/generate", {"input_ids": PROBE, "sampling_params": {**GREEDY, "n": 10**6}},
+               ["n = 1000000", "1024"]),
+    "v1_n_huge": ("/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 2,
+                                      "temperature": 0, "n": 10**6}, ["n = 1000000"]),
+    # one sampling_params object for two prompts, indexed per prompt: IndexError, 500
+    "sampling_params_list_short": (
+        "/generate", {"input_ids": [PROBE, PROBE], "sampling_params": [GREEDY]},
+        ["sampling_params has 1 entries", "batch of 2"]),
+    # packed into 64-bit integers before any range check: 500
+    "v1_prompt_id_above_int64": (
+        "/v1/completions", {"model": "default", "prompt": [5, 2**63], "max_tokens": 2,
+                            "temperature": 0}, ["input_ids", str(2**63), "vocabulary"]),
+    # a single prompt's sampling_params is read as an object: AttributeError, 500
+    "sampling_params_list_single_prompt": (
+        "/generate", {"text": "x", "sampling_params": [GREEDY]}, ["sampling_params is a list"]),
+    # rid keys SGLang's request table: a list is unhashable, 500
+    "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
+                                        "temperature": 0, "rid": []}, ["rid = []"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FUZZER_FOUND))
+def test_fuzzer_found(server, case):
+    path, body, words = FUZZER_FOUND[case]
+    assert_4xx(*send(server.url, path, body), *words)
     server.assert_still_serving()
 
 

@@ -1,14 +1,20 @@
-"""Load: more concurrent clients than the server runs at once, 5 rounds, with aborts mid-stream.
+"""Load and faults with MTP on: more concurrent clients than the server runs at once, 5 rounds.
 
-Asserts, against one SGLang HTTP server (the plugin's CPU launcher, a tiny GLM-DSA checkpoint: the
-bundled trained model is twice as deep and this test is about the server, not the model):
+Asserts, against one SGLang HTTP server (the plugin's CPU launcher, a tiny GLM-DSA checkpoint, MTP
+drafting on: the bundled trained model is twice as deep and this test is about the server, not
+the model):
 - every request of every round completes, under the rid it was sent with (nothing lost or mixed);
 - each greedy output equals the output the same request got alone, before the load;
-- requests aborted mid-stream, by client disconnect and by SGLang's /abort_request, end (the server
-  returns to zero running and queued requests well before they could have finished) and the
-  server keeps serving;
+- requests aborted mid-stream, by client disconnect (also streamed n=3 requests, dropped after
+  the first chunk) and by SGLang's /abort_request, end (the server returns to zero running and
+  queued requests well before they could have finished) and the server keeps serving;
+- in each round, `/abort_request {"abort_all": true}` in a loop while requests decode and new ones
+  arrive: every request it did not abort has its single-request tokens, every aborted one a
+  prefix of them;
 - the resident memory of the server's whole process group (launcher, scheduler, detokenizer) after
-  round 5 is within 5% of after round 2.
+  round 5 is within 5% of after round 2;
+- memory pressure (8 concurrent ~1,900-token prompts, 140 new tokens each, in an 8,192-token KV
+  pool) makes SGLang retract requests mid-speculation, and each still gets its single-request tokens.
 Bounded loops, loopback only; the server is stopped by the test.
 """
 
@@ -51,6 +57,10 @@ TIMEOUT = 900  # per request; generous: CI machines are shared
 LONG_TOKENS = 1500  # aborted requests ask for this many: they cannot finish on their own in time
 IDLE_TIMEOUT = 120.0
 RSS_TOLERANCE = 0.05
+ABORT_ALL_FOR_S = 6.0  # per round: abort_all this long, every ABORT_ALL_EVERY_S
+ABORT_ALL_EVERY_S = 0.4
+STORM_CLIENTS = 4  # each sends requests back to back while abort_all fires
+PRESSURE_PROMPTS, PRESSURE_LEN, PRESSURE_NEW = 8, 1900, 140  # 8 x 2,040 tokens > the 8,192 pool
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +189,20 @@ def disconnecting_client(url, prompt, rid, start: threading.Event):
     return chunks  # leaving the with-block closes the socket mid-stream
 
 
+def parallel_disconnecting_client(url, prompt, rid, start: threading.Event):
+    """Streams a greedy n=3 request and drops the connection after the first chunk."""
+    start.wait()
+    with requests.post(f"{url}/generate", stream=True, timeout=TIMEOUT,
+                       json={"input_ids": prompt, "rid": rid, "stream": True, "sampling_params": {
+                           "temperature": 0, "max_new_tokens": LONG_TOKENS, "ignore_eos": True,
+                           "n": 3}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                return 1
+    return 0
+
+
 def abort_api_client(url, prompt, rid, start: threading.Event):
     """Streams a long request and aborts it through /abort_request after the first chunk."""
     start.wait()
@@ -223,10 +247,13 @@ def test_load_rounds(server, prompts):
                      for k in range(N_DISCONNECT)]
             abort = pool.submit(abort_api_client, server, extra[-1],
                                 f"r{rnd}-abort-{uuid.uuid4().hex[:8]}", start)
+            parallel_drop = pool.submit(parallel_disconnecting_client, server, extra[0],
+                                        f"r{rnd}-n3drop-{uuid.uuid4().hex[:8]}", start)
             start.set()
             results = [f.result(timeout=2 * TIMEOUT) for f in futs]
             drop_chunks = [f.result(timeout=2 * TIMEOUT) for f in drops]
             abort_last = abort.result(timeout=2 * TIMEOUT)
+            assert parallel_drop.result(timeout=2 * TIMEOUT) == 1
         elapsed = time.time() - t0
 
         # Every request completed under its own rid, with its single-request tokens.
@@ -243,6 +270,8 @@ def test_load_rounds(server, prompts):
 
         # Aborted requests are gone: the server goes idle, not after LONG_TOKENS decode steps.
         wait_idle(server)
+        abort_all_storm(server, rnd, regular, alone)
+        wait_idle(server)
         # And it still serves, with the same tokens.
         assert run_client(server, 0, regular[0], f"after-{rnd}-{uuid.uuid4().hex[:8]}")[1] == alone[0]
         time.sleep(2)
@@ -254,3 +283,70 @@ def test_load_rounds(server, prompts):
         f"process-group RSS after round {ROUNDS} is {rss[ROUNDS] / 2**20:.1f} MiB, after round 2 "
         f"{rss[2] / 2**20:.1f} MiB ({drift:.1%} apart, limit {RSS_TOLERANCE:.0%})"
     )
+
+
+def storm_client(url, k, regular, alone, stop: threading.Event, rnd) -> tuple[int, int]:
+    """Sends /generate requests back to back until `stop`; (completed, aborted) counts."""
+    completed = aborted = 0
+    i = k
+    while not stop.is_set():
+        idx = i % len(regular)
+        r = requests.post(f"{url}/generate", timeout=TIMEOUT, json={
+            "input_ids": regular[idx], "sampling_params": GREEDY,
+            "rid": f"r{rnd}-storm{k}-{i}-{uuid.uuid4().hex[:8]}"})
+        out = r.json()
+        meta = out.get("meta_info") if r.status_code == 200 else None
+        if meta is None or meta["finish_reason"]["type"] == "abort":
+            # An abort may answer with an error body; a partial output is a prefix of the real one.
+            partial = out.get("output_ids", []) if isinstance(out, dict) else []
+            assert alone[idx][:len(partial)] == partial, (idx, partial, alone[idx])
+            aborted += 1
+        else:
+            assert out["output_ids"] == alone[idx], (idx, out["output_ids"], alone[idx])
+            completed += 1
+        i += STORM_CLIENTS
+    return completed, aborted
+
+
+def abort_all_storm(url, rnd, regular, alone):
+    """abort_all every ABORT_ALL_EVERY_S for ABORT_ALL_FOR_S while STORM_CLIENTS keep sending."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=STORM_CLIENTS) as pool:
+        clients = [pool.submit(storm_client, url, k, regular, alone, stop, rnd)
+                   for k in range(STORM_CLIENTS)]
+        t_end = time.time() + ABORT_ALL_FOR_S
+        while time.time() < t_end:
+            time.sleep(ABORT_ALL_EVERY_S)
+            a = requests.post(f"{url}/abort_request", json={"abort_all": True}, timeout=30)
+            assert a.status_code == 200, a.text
+        stop.set()
+        counts = [c.result(timeout=2 * TIMEOUT) for c in clients]
+    completed, aborted = map(sum, zip(*counts))
+    print(f"round {rnd}: abort_all storm: {completed} completed, {aborted} aborted")
+    assert completed + aborted > 0
+
+
+def test_retraction_under_memory_pressure(server, model):
+    """8 x (1,900 + 140) tokens cannot all fit the 8,192-token pool: SGLang retracts requests
+    mid-speculation and runs them again; each must end with its single-request tokens."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(model)))
+    prompts = [[(31 * i + 17 * k) % (vocab - 2) + 1 for k in range(PRESSURE_LEN + 13 * i)]
+               for i in range(PRESSURE_PROMPTS)]
+    params = {"temperature": 0, "max_new_tokens": PRESSURE_NEW, "ignore_eos": True}
+
+    def generate(prompt):
+        r = requests.post(f"{server}/generate", timeout=TIMEOUT,
+                          json={"input_ids": prompt, "sampling_params": params})
+        r.raise_for_status()
+        return r.json()
+
+    alone = [generate(p)["output_ids"] for p in prompts]
+    with ThreadPoolExecutor(max_workers=PRESSURE_PROMPTS) as pool:
+        together = list(pool.map(generate, prompts))
+    retractions = sum(o["meta_info"]["num_retractions"] for o in together)
+    assert retractions > 0, "no request was retracted: the test does not exercise retraction"
+    for i, out in enumerate(together):
+        assert out["output_ids"] == alone[i], f"prompt {i} after {out['meta_info']['num_retractions']} retractions"
+    wait_idle(server)
