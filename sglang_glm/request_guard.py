@@ -36,13 +36,19 @@ def _stop_regexes_compile(stop_regex) -> None:
             ) from None
 
 
-# Per-request fields of a batch /generate request that SGLang indexes by request without checking
-# the list's length (an IndexError, answered 500).
+# Per-request fields of a batch /generate request that SGLang indexes by prompt without checking
+# the list's length (an IndexError, answered 500). NESTED ones are lists for one prompt already,
+# so only a list of lists is one per prompt.
 PER_REQUEST_FIELDS = (
     "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "token_ids_logprob", "lora_path", "custom_logit_processor", "image_data", "video_data",
-    "audio_data", "return_hidden_states", "extra_key", "cache_salt", "bootstrap_host",
-    "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "watermark",
+    "return_sampling_mask", "sampling_logprobs_mode", "lora_path", "lora_id",
+    "custom_logit_processor", "image_data", "video_data", "audio_data", "modalities",
+    "return_hidden_states", "extra_key", "cache_salt", "kv_hints", "watermark", "bootstrap_host",
+    "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+)
+NESTED_PER_REQUEST_FIELDS = (
+    "token_ids_logprob", "mm_hashes", "mm_content_hashes", "multi_item_delimiter_indices",
+    "token_indices_to_pool",
 )
 
 
@@ -71,8 +77,29 @@ def _parallel_samples(params: dict, where: str) -> int:
     return n
 
 
+def _session_params_valid(session_params) -> None:
+    # SGLang builds SessionParams(**session_params) unchecked: an unknown key is a TypeError (a
+    # 500), a value of the wrong type reaches the scheduler.
+    if session_params is None:
+        return
+    import msgspec
+    from sglang.srt.managers.io_struct import SessionParams
+
+    fields = {f.name: f.type for f in msgspec.structs.fields(SessionParams)}
+    if not isinstance(session_params, dict):
+        raise ValueError(f"session_params = {session_params!r}: send an object with {sorted(fields)}")
+    for key, value in session_params.items():
+        if key not in fields:
+            raise ValueError(f"session_params.{key} is not a session field; send only {sorted(fields)}")
+        try:
+            msgspec.convert(value, fields[key], strict=True)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"session_params.{key} = {str(value)[:100]}: {exc}") from None
+
+
 def check_shape(obj) -> None:
     """A /generate request (GenerateReqInput) as sent, before SGLang normalizes its batch."""
+    _session_params_valid(obj.session_params)
     params = obj.sampling_params
     n = 1
     if isinstance(params, list):
@@ -96,9 +123,13 @@ def check_shape(obj) -> None:
         raise ValueError(
             f"{size} prompts x n = {n} is {size * n} sequences; send at most {MAX_SEQUENCES} per request"
         )
-    for name in PER_REQUEST_FIELDS:
+    for name in PER_REQUEST_FIELDS + NESTED_PER_REQUEST_FIELDS:
         value = getattr(obj, name, None)
-        if isinstance(value, list) and len(value) != size:
+        if not isinstance(value, list) or name in NESTED_PER_REQUEST_FIELDS and not (
+            value and isinstance(value[0], list)
+        ):
+            continue
+        if len(value) != size:
             raise ValueError(
                 f"{name} has {len(value)} entries for a batch of {size} prompts; send one per "
                 "prompt, or a single value for all"

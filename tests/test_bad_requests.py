@@ -292,6 +292,14 @@ FUZZER_FOUND = {
     # a single prompt's sampling_params is read as an object: AttributeError, 500
     "sampling_params_list_single_prompt": (
         "/generate", {"text": "x", "sampling_params": [GREEDY]}, ["sampling_params is a list"]),
+    # per-prompt list shorter than the batch, indexed per prompt: IndexError, 500
+    "return_sampling_mask_list_short": (
+        "/generate", {"input_ids": [PROBE], "return_sampling_mask": [], "sampling_params": GREEDY},
+        ["return_sampling_mask has 0 entries"]),
+    # SessionParams(**session_params): unknown key is a TypeError, 500
+    "session_params_unknown_key": (
+        "/generate", {"input_ids": PROBE, "session_params": {"temperature": 1},
+                      "sampling_params": GREEDY}, ["session_params.temperature"]),
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
                                         "temperature": 0, "rid": []}, ["rid = []"]),

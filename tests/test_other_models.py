@@ -49,13 +49,22 @@ def tiny_deepseek_v3(path: Path) -> Path:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     torch.manual_seed(1)
+    # kv_lora_rank == qk_nope_head_dim: without the sgl-kernel CPU build, SGLang 0.5.23 serves
+    # DeepSeek attention on CPU with torch_native, whose prefill reads the latent KV cache where it
+    # expects keys; the shapes line up only then. (Its tokens differ from transformers': this test
+    # compares SGLang with and without the plugin, not SGLang with transformers.)
     config = DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
         n_shared_experts=1, n_group=1, topk_group=1, kv_lora_rank=32, q_lora_rank=48,
-        qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, num_attention_heads=4,
+        qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=1024, bos_token_id=0, eos_token_id=0,
         num_nextn_predict_layers=0,
+        # Fields of DeepSeek-V3's own config.json that SGLang reads and transformers does not keep.
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
+        # SGLang's CPU rotary embedding for DeepSeek models is YaRN's only, as in DeepSeek-V3.
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     )
     return _save(DeepseekV3ForCausalLM(config), path)
 
@@ -112,3 +121,17 @@ def test_plugin_filter_drops_both_entry_points(monkeypatch):
     for k, v in PLUGIN_OFF.items():
         monkeypatch.setenv(k, v)
     assert "glm_dsa" not in load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+
+
+NO_CPU_EAGLE = (
+    "SGLang 0.5.23 cannot run EAGLE for these models on CPU here: its EAGLE draft-backend map "
+    "(sglang/srt/speculative/draft_utils.py) has intel_amx, which needs the sgl-kernel CPU build "
+    "(not installable on this machine), but not torch_native, the CPU attention backend these "
+    "models run on without it ('EAGLE is not supported in decode attention backend torch_native')"
+)
+
+
+@pytest.mark.skip(reason=NO_CPU_EAGLE)
+@pytest.mark.parametrize("name", ["llama", "deepseek_v3"])
+def test_same_tokens_with_eagle_with_and_without_plugin(models, name):
+    raise AssertionError("unreachable: skipped")
