@@ -36,20 +36,30 @@ def _stop_regexes_compile(stop_regex) -> None:
             ) from None
 
 
-# Per-request fields of a batch /generate request that SGLang indexes by prompt without checking
-# the list's length (an IndexError, answered 500). NESTED ones are lists for one prompt already,
-# so only a list of lists is one per prompt.
-PER_REQUEST_FIELDS = (
+# Per-prompt fields of a batch /generate request. SGLang spreads a single value of a SPREAD field
+# over the prompts but indexes a list by prompt without checking its length (an IndexError, a
+# 500); token_ids_logprob is a list for one prompt already, so only a list of lists is per prompt.
+# An INDEXED field it indexes by prompt whatever it is (a string or an object too).
+SPREAD_FIELDS = (
     "sampling_params", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
-    "return_sampling_mask", "sampling_logprobs_mode", "lora_path", "lora_id",
-    "custom_logit_processor", "image_data", "video_data", "audio_data", "modalities",
-    "return_hidden_states", "extra_key", "cache_salt", "kv_hints", "watermark", "bootstrap_host",
-    "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "decode_tp_size",
+    "return_sampling_mask", "sampling_logprobs_mode", "lora_path", "custom_logit_processor",
+    "image_data", "video_data", "audio_data", "return_hidden_states", "extra_key", "cache_salt",
+    "kv_hints", "watermark", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+    "bootstrap_pair_key", "decode_tp_size", "token_ids_logprob",
 )
-NESTED_PER_REQUEST_FIELDS = (
-    "token_ids_logprob", "mm_hashes", "mm_content_hashes", "multi_item_delimiter_indices",
-    "token_indices_to_pool",
+INDEXED_FIELDS = (
+    "lora_id", "modalities", "mm_hashes", "mm_content_hashes", "positional_embed_overrides",
+    "multi_item_delimiter_indices", "token_indices_to_pool",
 )
+
+
+def _per_prompt(name: str, value) -> bool:
+    """Whether a batch request's `value` of field `name` is meant as one entry per prompt."""
+    if name in INDEXED_FIELDS:
+        return value is not None and (name != "modalities" or bool(value))
+    if name == "token_ids_logprob":
+        return isinstance(value, list) and bool(value) and isinstance(value[0], list)
+    return isinstance(value, list)
 
 
 # Sequences one request may ask for (prompts x n): SGLang 0.5.23 builds the state of every one up
@@ -123,19 +133,14 @@ def check_shape(obj) -> None:
         raise ValueError(
             f"{size} prompts x n = {n} is {size * n} sequences; send at most {MAX_SEQUENCES} per request"
         )
-    for name in PER_REQUEST_FIELDS + NESTED_PER_REQUEST_FIELDS:
+    for name in SPREAD_FIELDS + INDEXED_FIELDS:
         value = getattr(obj, name, None)
-        if not isinstance(value, list) or name in NESTED_PER_REQUEST_FIELDS and not (
-            value and isinstance(value[0], list)
-        ):
-            continue
-        if len(value) != size:
+        if _per_prompt(name, value) and (not isinstance(value, list) or len(value) != size):
+            count = f"{len(value)} entries" if isinstance(value, list) else f"a {type(value).__name__}"
             raise ValueError(
-                f"{name} has {len(value)} entries for a batch of {size} prompts; send one per "
-                "prompt, or a single value for all"
+                f"{name} has {count} for a batch of {size} prompts; send a list with one entry "
+                "per prompt" + ("" if name in INDEXED_FIELDS else ", or a single value for all")
             )
-
-
 def check_before_parsing(sampling_params: dict, input_ids, vocab: int) -> None:
     """One request's raw `sampling_params` dict and prompt token ids (None for embeddings)."""
     _stop_regexes_compile(sampling_params.get("stop_regex"))

@@ -2,9 +2,9 @@
 
 Each patch goes through SGLang's own `HookRegistry` and says why in one line. Every hook changes
 behaviour only for GLM-DSA models or the plugin's own attention backends, and passes everything
-else to SGLang untouched. Three apply on every platform (the DSA KV pool follows the attention
-backend; GLM-DSA requests that would crash SGLang's scheduler, or get a 500, get a 400); the rest
-apply only on the CPU path. `hooks()` lists them; `plugin.register()` checks every target exists before `apply()`
+else to SGLang untouched. Four apply on every platform (the DSA KV pool follows the attention
+backend; GLM-DSA requests that would crash SGLang's scheduler, or get a 500 or a cut stream, get a
+400); the rest apply only on the CPU path. `hooks()` lists them; `plugin.register()` checks every target exists before `apply()`
 registers any.
 """
 
@@ -215,6 +215,25 @@ async def _shape_checked(outputs, obj):
             yield out
 
 
+def _abort_task_skips_rejected(original, manager, obj, *args, **kwargs):
+    # SGLang's abort task, run after a streamed response, reads `obj.is_single`, which only its
+    # batch normalization sets: for a stream rejected before that (bad input, nothing to abort)
+    # the task raises and cuts the response short of its error and [DONE].
+    from starlette.background import BackgroundTasks
+
+    tasks = original(manager, obj, *args, **kwargs)
+    if not is_glm_dsa(manager.model_config.hf_config):
+        return tasks
+
+    async def abort_if_admitted():
+        if hasattr(obj, "is_single"):
+            await tasks()
+
+    guarded = BackgroundTasks()
+    guarded.add_task(abort_if_admitted)
+    return guarded
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
@@ -226,7 +245,7 @@ class Hook(NamedTuple):
 
 
 def hooks() -> list[Hook]:
-    """Every hook this process needs: three on every platform, the rest on the CPU path only."""
+    """Every hook this process needs: four on every platform, the rest on the CPU path only."""
     everywhere = [
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
              _plugin_kv_pool, "AROUND"),
@@ -234,6 +253,8 @@ def hooks() -> list[Hook]:
              _guard_glm_dsa_batch, "AROUND"),
         Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
              _guard_glm_dsa_request, "AROUND"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.create_abort_task",
+             _abort_task_skips_rejected, "AROUND"),
     ]
     if not _on_cpu():
         return everywhere

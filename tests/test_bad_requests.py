@@ -300,6 +300,14 @@ FUZZER_FOUND = {
     "session_params_unknown_key": (
         "/generate", {"input_ids": PROBE, "session_params": {"temperature": 1},
                       "sampling_params": GREEDY}, ["session_params.temperature"]),
+    # indexed per prompt without spreading: a string is indexed by character, IndexError, 500
+    "lora_id_string_for_batch": (
+        "/generate", {"input_ids": [PROBE, PROBE], "lora_id": "x", "sampling_params": GREEDY},
+        ["lora_id has a str", "batch of 2"]),
+    # an object indexed by prompt number: KeyError, 500
+    "positional_embed_overrides_object_for_batch": (
+        "/generate", {"input_ids": [PROBE], "positional_embed_overrides": {"a": 1},
+                      "sampling_params": GREEDY}, ["positional_embed_overrides has a dict"]),
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
                                         "temperature": 0, "rid": []}, ["rid = []"]),
@@ -310,6 +318,22 @@ FUZZER_FOUND = {
 def test_fuzzer_found(server, case):
     path, body, words = FUZZER_FOUND[case]
     assert_4xx(*send(server.url, path, body), *words)
+    server.assert_still_serving()
+
+
+@pytest.mark.parametrize(
+    "body,word",
+    [({"text": ["a", "b"], "lora_id": "x", "stream": True, "sampling_params": GREEDY}, b"lora_id"),
+     ({"stream": True, "sampling_params": GREEDY}, b"input_ids")],  # SGLang's own check
+    ids=["plugin_check", "sglang_check"],
+)
+def test_fuzzer_found_streamed_rejection_ends_cleanly(server, body, word):
+    """A streamed request rejected before SGLang normalizes it: SGLang's abort task read a field
+    only normalization sets and cut the stream after 2 s, without [DONE] (ChunkedEncodingError)."""
+    with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert word in lines[0], lines
+    assert lines[-1] == b"data: [DONE]", lines
     server.assert_still_serving()
 
 
