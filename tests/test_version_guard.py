@@ -1,8 +1,9 @@
 """The plugin applies whole or not at all (sglang_glm.version_guard, plugin.register).
 
 In-process: `register()` on a simulated wrong SGLang version and with a simulated missing hook
-target registers no hook and no model class of its own, and leaves stand-ins for the GLM-DSA
-architectures whose construction raises one error naming the version, the problem and the fix.
+target registers none of its hooks and no model class of its own, only the refusal: a hook on
+SGLang's ModelConfig and stand-ins for the GLM-DSA architectures, whose construction raises one
+error naming the version, the problem and the fix.
 Real SGLang: a server started on a GLM-DSA checkpoint with the version simulated wrong (through a
 `sitecustomize` on the server's PYTHONPATH, so every SGLang process sees it) stops at start-up with
 that error.
@@ -62,7 +63,7 @@ def test_wrong_sglang_version_applies_nothing(clean_registries, monkeypatch):
     plugin.register()
     reg = plugin.REGISTRATION
     assert not reg.intact and reg.applied == []
-    assert not hook_registry._hooks, "hooks registered on an unsupported SGLang"
+    assert set(hook_registry._hooks) == {version_guard.REFUSAL_TARGET}, "hooks on an unsupported SGLang"
     assert_refuses(model_registry, "version 0.6.0", "supports SGLang 0.5.23")
     # Other architectures resolve to SGLang's own classes.
     llama, _ = model_registry.resolve_model_cls(["LlamaForCausalLM"])
@@ -77,7 +78,7 @@ def test_missing_hook_target_applies_nothing(clean_registries, monkeypatch):
                         lambda: [*real_hooks(), sglang_patches.Hook(gone, print, "AFTER")])
     plugin.register()
     assert not plugin.REGISTRATION.intact
-    assert not hook_registry._hooks
+    assert set(hook_registry._hooks) == {version_guard.REFUSAL_TARGET}
     assert_refuses(model_registry, gone, "not found")
 
 
