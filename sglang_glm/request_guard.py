@@ -141,6 +141,8 @@ def check_shape(obj) -> None:
                 f"{name} has {count} for a batch of {size} prompts; send a list with one entry "
                 "per prompt" + ("" if name in INDEXED_FIELDS else ", or a single value for all")
             )
+
+
 def check_before_parsing(sampling_params: dict, input_ids, vocab: int) -> None:
     """One request's raw `sampling_params` dict and prompt token ids (None for embeddings)."""
     _stop_regexes_compile(sampling_params.get("stop_regex"))

@@ -2,9 +2,9 @@
 
 Each patch goes through SGLang's own `HookRegistry` and says why in one line. Every hook changes
 behaviour only for GLM-DSA models or the plugin's own attention backends, and passes everything
-else to SGLang untouched. Four apply on every platform (the DSA KV pool follows the attention
-backend; GLM-DSA requests that would crash SGLang's scheduler, or get a 500 or a cut stream, get a
-400); the rest apply only on the CPU path. `hooks()` lists them; `plugin.register()` checks every target exists before `apply()`
+else to SGLang untouched. Five apply on every platform (the DSA KV pool follows the attention
+backend; GLM-DSA requests that would crash SGLang's scheduler, get a 500 or a cut stream, or
+silently mean something else get a 400); the rest apply only on the CPU path. `hooks()` lists them; `plugin.register()` checks every target exists before `apply()`
 registers any.
 """
 
@@ -234,6 +234,17 @@ def _abort_task_skips_rejected(original, manager, obj, *args, **kwargs):
     return guarded
 
 
+def _chat_zero_tokens_refused(error, serving, request, *args, **kwargs):
+    # SGLang's chat endpoint reads max_completion_tokens (or max_tokens) 0 as "unset": the request
+    # then generates up to the context length instead of nothing.
+    if error or not is_glm_dsa(serving.tokenizer_manager.model_config.hf_config):
+        return error
+    for name in ("max_completion_tokens", "max_tokens"):
+        if getattr(request, name, None) == 0:
+            return f"{name} = 0: send at least 1 (0 would mean no limit to SGLang's chat endpoint)"
+    return error
+
+
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
@@ -245,7 +256,7 @@ class Hook(NamedTuple):
 
 
 def hooks() -> list[Hook]:
-    """Every hook this process needs: four on every platform, the rest on the CPU path only."""
+    """Every hook this process needs: five on every platform, the rest on the CPU path only."""
     everywhere = [
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
              _plugin_kv_pool, "AROUND"),
@@ -255,6 +266,8 @@ def hooks() -> list[Hook]:
              _guard_glm_dsa_request, "AROUND"),
         Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.create_abort_task",
              _abort_task_skips_rejected, "AROUND"),
+        Hook("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+             _chat_zero_tokens_refused, "AFTER"),
     ]
     if not _on_cpu():
         return everywhere

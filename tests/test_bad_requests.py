@@ -170,8 +170,9 @@ def test_invalid_sampling_params_generate(server, case):
     "params,word",
     [({"temperature": -0.5}, "temperature"), ({"top_p": 2.0}, "top_p"),
      ({"max_tokens": -1}, "max_tokens"), ({"top_k": 0, "temperature": 0.5}, "top_k"),
-     ({"frequency_penalty": 5}, "frequency_penalty")],
-    ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty"],
+     ({"frequency_penalty": 5}, "frequency_penalty"),
+     ({"logit_bias": {"5": "nan"}}, "logit_bias")],  # pydantic parses "nan" as a float
+    ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty", "logit_bias_nan"],
 )
 def test_invalid_sampling_params_v1(server, params, word):
     body = {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0, **params}
@@ -308,6 +309,11 @@ FUZZER_FOUND = {
     "positional_embed_overrides_object_for_batch": (
         "/generate", {"input_ids": [PROBE], "positional_embed_overrides": {"a": 1},
                       "sampling_params": GREEDY}, ["positional_embed_overrides has a dict"]),
+    # read as "unset" by SGLang's chat endpoint: generates to the context length (a minutes-long hang)
+    "chat_max_completion_tokens_zero": (
+        "/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}],
+                                 "temperature": 0, "max_completion_tokens": 0},
+        ["max_completion_tokens = 0"]),
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
                                         "temperature": 0, "rid": []}, ["rid = []"]),
