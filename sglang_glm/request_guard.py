@@ -48,8 +48,8 @@ SPREAD_FIELDS = (
     "bootstrap_pair_key", "decode_tp_size", "token_ids_logprob",
 )
 INDEXED_FIELDS = (
-    "lora_id", "modalities", "mm_hashes", "mm_content_hashes", "positional_embed_overrides",
-    "multi_item_delimiter_indices", "token_indices_to_pool",
+    "lora_id", "modalities", "mm_hashes", "mm_content_hashes", "multi_item_delimiter_indices",
+    "token_indices_to_pool",
 )
 
 
@@ -107,9 +107,30 @@ def _session_params_valid(session_params) -> None:
             raise ValueError(f"session_params.{key} = {str(value)[:100]}: {exc}") from None
 
 
+def _hidden_states_mode(value) -> bool:
+    return value is None or type(value) is bool or value == "last"
+
+
+def _hidden_states_modes_valid(value, batch: bool) -> None:
+    # The scheduler checks the mode itself, by raising: the scheduler dies.
+    per_prompt = value if batch and isinstance(value, list) else [value]
+    bad = [v for v in per_prompt if not _hidden_states_mode(v)]
+    if bad:
+        raise ValueError(
+            f"return_hidden_states = {str(bad[0])[:100]}: send true, false or \"last\""
+            + (" (or a list of them, one per prompt)" if batch else "")
+        )
+
+
 def check_shape(obj) -> None:
     """A /generate request (GenerateReqInput) as sent, before SGLang normalizes its batch."""
     _session_params_valid(obj.session_params)
+    _hidden_states_modes_valid(obj.return_hidden_states, _batch_size(obj) is not None)
+    if obj.positional_embed_overrides is not None:
+        # Unchecked on the way to the scheduler, which dies on a malformed one.
+        raise ValueError(
+            "positional_embed_overrides: GLM-DSA models (sglang-glm) take token prompts only; omit it"
+        )
     params = obj.sampling_params
     n = 1
     if isinstance(params, list):

@@ -305,10 +305,13 @@ FUZZER_FOUND = {
     "lora_id_string_for_batch": (
         "/generate", {"input_ids": [PROBE, PROBE], "lora_id": "x", "sampling_params": GREEDY},
         ["lora_id has a str", "batch of 2"]),
-    # an object indexed by prompt number: KeyError, 500
-    "positional_embed_overrides_object_for_batch": (
-        "/generate", {"input_ids": [PROBE], "positional_embed_overrides": {"a": 1},
-                      "sampling_params": GREEDY}, ["positional_embed_overrides has a dict"]),
+    # unchecked on the way to the scheduler, which raises on it: the scheduler dies
+    "positional_embed_overrides": (
+        "/generate", {"text": "x", "positional_embed_overrides": [{"a": [{"a": 1}]}],
+                      "sampling_params": GREEDY}, ["positional_embed_overrides"]),
+    "return_hidden_states_list_single_prompt": (
+        "/generate", {"text": "x", "return_hidden_states": [], "sampling_params": GREEDY},
+        ["return_hidden_states = []"]),
     # read as "unset" by SGLang's chat endpoint: generates to the context length (a minutes-long hang)
     "chat_max_completion_tokens_zero": (
         "/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}],
