@@ -47,6 +47,11 @@ SPREAD_FIELDS = (
     "kv_hints", "watermark", "bootstrap_host", "bootstrap_port", "bootstrap_room",
     "bootstrap_pair_key", "decode_tp_size", "token_ids_logprob",
 )
+# The same fields hold one value each for a single prompt (SGLang passes a list on unchecked, to
+# a dict key or to the scheduler); media fields and token_ids_logprob are lists for one prompt.
+SINGLE_VALUE_FIELDS = tuple(
+    f for f in SPREAD_FIELDS if f not in ("image_data", "video_data", "audio_data", "token_ids_logprob")
+) + ("lora_id",)
 INDEXED_FIELDS = (
     "lora_id", "modalities", "mm_hashes", "mm_content_hashes", "multi_item_delimiter_indices",
     "token_indices_to_pool",
@@ -143,12 +148,12 @@ def check_shape(obj) -> None:
         n = _parallel_samples(params, "sampling_params.")
     size = _batch_size(obj)
     if size is None:
-        if isinstance(params, list):
-            # SGLang reads a single prompt's sampling_params as an object: a list is a 500.
-            raise ValueError("sampling_params is a list for a single prompt; send one object")
+        listed = [f for f in SINGLE_VALUE_FIELDS if isinstance(getattr(obj, f, None), list)]
+        if listed:
+            raise ValueError(f"{listed[0]} is a list for a single prompt; send one value")
         if obj.rid is not None and not isinstance(obj.rid, str):
-            # SGLang keys its request table by rid: a list is unhashable (a 500).
-            raise ValueError(f"rid = {obj.rid!r}: a single prompt takes one string rid")
+            # SGLang keys its request table by rid: a dict is unhashable (a 500).
+            raise ValueError(f"rid = {str(obj.rid)[:100]}: a single prompt takes one string rid")
         return
     if size * n > MAX_SEQUENCES:
         raise ValueError(

@@ -290,6 +290,13 @@ FUZZER_FOUND = {
     "v1_prompt_id_above_int64": (
         "/v1/completions", {"model": "default", "prompt": [5, 2**63], "max_tokens": 2,
                             "temperature": 0}, ["input_ids", str(2**63), "vocabulary"]),
+    # a list where a single prompt takes one value: killed the scheduler (lora_id), 500 (others)
+    "lora_id_list_single_prompt": (
+        "/generate", {"text": "x", "lora_id": [""], "sampling_params": GREEDY},
+        ["lora_id is a list"]),
+    "v1_bootstrap_room_list_n2": (
+        "/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2, "temperature": 0,
+                            "n": 2, "bootstrap_room": []}, ["bootstrap_room is a list"]),
     # a single prompt's sampling_params is read as an object: AttributeError, 500
     "sampling_params_list_single_prompt": (
         "/generate", {"text": "x", "sampling_params": [GREEDY]}, ["sampling_params is a list"]),
@@ -319,7 +326,7 @@ FUZZER_FOUND = {
         ["max_completion_tokens = 0"]),
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
-                                        "temperature": 0, "rid": []}, ["rid = []"]),
+                                        "temperature": 0, "rid": []}, ["rid is a list"]),
 }
 
 

@@ -13,7 +13,7 @@ the model):
   prefix of them;
 - the resident memory of the server's whole process group (launcher, scheduler, detokenizer) after
   round 5 is within 5% of after round 2;
-- memory pressure (8 concurrent ~1,500-token prompts, 160 new tokens each, in an 8,192-token KV
+- memory pressure (8 concurrent ~1,400-token prompts, 260 new tokens each, in an 8,192-token KV
   pool) makes SGLang retract requests mid-speculation, and each still gets its single-request tokens.
 Bounded loops, loopback only; the server is stopped by the test.
 """
@@ -60,10 +60,10 @@ RSS_TOLERANCE = 0.05
 ABORT_ALL_FOR_S = 6.0  # per round: abort_all this long, every ABORT_ALL_EVERY_S: some requests
 ABORT_ALL_EVERY_S = 1.5  # complete between two aborts, some are caught by one
 STORM_CLIENTS = 4  # each sends requests back to back while abort_all fires
-# 8 x ~1,660 tokens > the 8,192-token pool. SGLang admits a request when its prompt plus a share of
-# its new tokens fits; with --schedule-conservativeness 0.3 (share ~0.2) five start, and their
-# growth (26 pages of 64 each) overflows the pool's 128 pages mid-decode.
-PRESSURE_PROMPTS, PRESSURE_LEN, PRESSURE_NEW = 8, 1500, 160
+# 8 x ~1,670 tokens > the 8,192-token pool (128 pages of 64). SGLang admits a request while its
+# prompt plus a share of its new tokens (~0.2 with --schedule-conservativeness 0.3) fits beside
+# 512 reserved tokens: five start (23 pages each), and their growth to 26 pages each overflows.
+PRESSURE_PROMPTS, PRESSURE_LEN, PRESSURE_NEW = 8, 1400, 260
 
 
 @pytest.fixture(scope="module")
@@ -334,7 +334,7 @@ def abort_all_storm(url, rnd, regular, alone):
 
 
 def test_retraction_under_memory_pressure(server, model):
-    """8 x (1,500 + 160) tokens cannot all fit the 8,192-token pool: SGLang retracts requests
+    """8 x (1,400 + 260) tokens cannot all fit the 8,192-token pool: SGLang retracts requests
     mid-speculation and runs them again; each must end with its single-request tokens."""
     from transformers import AutoTokenizer
 
