@@ -129,6 +129,10 @@ def _hidden_states_modes_valid(value, batch: bool) -> None:
 
 def check_shape(obj) -> None:
     """A /generate request (GenerateReqInput) as sent, before SGLang normalizes its batch."""
+    given = [f for f in ("text", "input_ids", "input_embeds") if getattr(obj, f) is not None]
+    if len(given) > 1:
+        # SGLang refuses all three together only; two index each other per prompt (a 500).
+        raise ValueError(f"{' and '.join(given)} are both set; send the prompt in one of them")
     _session_params_valid(obj.session_params)
     _hidden_states_modes_valid(obj.return_hidden_states, _batch_size(obj) is not None)
     if obj.positional_embed_overrides is not None:

@@ -297,6 +297,10 @@ FUZZER_FOUND = {
     "v1_bootstrap_room_list_n2": (
         "/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2, "temperature": 0,
                             "n": 2, "bootstrap_room": []}, ["bootstrap_room is a list"]),
+    # SGLang refuses text + input_ids + input_embeds together only; two index each other: 500
+    "text_and_input_ids": (
+        "/generate", {"text": ["a", "b"], "input_ids": [], "sampling_params": GREEDY},
+        ["text and input_ids are both set"]),
     # a single prompt's sampling_params is read as an object: AttributeError, 500
     "sampling_params_list_single_prompt": (
         "/generate", {"text": "x", "sampling_params": [GREEDY]}, ["sampling_params is a list"]),
