@@ -38,7 +38,7 @@ MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 SEED = int(os.environ.get("SGLANG_GLM_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
 FUZZ_BODIES = int(os.environ.get("SGLANG_GLM_FUZZ_BODIES", "500"))
-BOUND_S = 20.0  # per body, answer complete; a served body asks for at most 3 tokens
+BOUND_S = 30.0  # per body, answer complete; a served body asks for at most 3 tokens
 PROBE = {"input_ids": [5, 6, 7, 8, 9], "sampling_params": {"temperature": 0, "max_new_tokens": 3}}
 
 
