@@ -5,12 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Known-good package set for SGLang 0.5.23 on CPU (copy of the project's shared freeze).
 FREEZE=ci/sglang-cpu-freeze.txt
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import sglang, torch, transformers, pytest, sglang_glm" 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import sglang, torch, transformers, pytest, hypothesis, sglang_glm" 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q torch==2.14.1 torchvision==0.29.1
   .venv/bin/pip install -q --no-deps -r "$FREEZE"
-  .venv/bin/pip install -q pytest==9.2.0 matplotlib==3.11.2
-  .venv/bin/pip install -q --no-deps -e .
+  .venv/bin/pip install -q pytest==9.2.0 matplotlib==3.11.2 hypothesis==6.170.17 sortedcontainers==2.4.0
 fi
+# Every time: keeps the plugin's entry points (installed metadata) in step with pyproject.toml.
+.venv/bin/pip install -q --no-deps -e .
 echo "environment ready: $(pwd)/.venv"

@@ -1,15 +1,23 @@
 """SGLang plugin entry point (`sglang.srt.plugins`): runs in every SGLang process.
 
 Registers the GLM-DSA model classes (replacing SGLang's built-in ones for the same architecture
-names), the plain-PyTorch DSA attention backend, and the few SGLang patches in `sglang_patches`.
+names), the plain-PyTorch DSA attention backend, and the SGLang patches in `sglang_patches` — all
+of it, or, on an SGLang it was not built for, none of it (`version_guard`).
 """
 
+from __future__ import annotations
+
 import logging
+
+from sglang_glm import version_guard
 
 logger = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "sglang_glm.models"
 TRITON_BACKEND_NAME = "glm_dsa_triton"
+
+# What register() found and did in this process (None until SGLang calls it).
+REGISTRATION: version_guard.Registration | None = None
 
 
 def _create_triton_dsa_backend(model_runner):
@@ -19,7 +27,8 @@ def _create_triton_dsa_backend(model_runner):
     return TritonDSABackend(model_runner)
 
 
-def register() -> None:
+def _register_all(reg: version_guard.Registration) -> None:
+    """Check every hook target, then register models, backends and hooks; problems go to `reg`."""
     from sglang.srt.layers.attention.attention_registry import register_attention_backend
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import add_attention_backend_choices
@@ -27,9 +36,33 @@ def register() -> None:
     from sglang_glm import sglang_patches
     from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME, create_torch_dsa_backend
 
-    ModelRegistry.register(MODELS_PACKAGE, overwrite=True)
+    hooks = sglang_patches.hooks()
+    reg.problems += [p for p in map(version_guard.missing_target, (h.target for h in hooks)) if p]
+    if reg.problems:
+        return
+    ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
     register_attention_backend(BACKEND_NAME)(create_torch_dsa_backend)
     register_attention_backend(TRITON_BACKEND_NAME)(_create_triton_dsa_backend)
     add_attention_backend_choices([BACKEND_NAME, TRITON_BACKEND_NAME])
-    sglang_patches.apply()
-    logger.info("sglang-glm registered: models from %s, attention backends %s, %s", MODELS_PACKAGE, BACKEND_NAME, TRITON_BACKEND_NAME)
+    sglang_patches.apply(hooks)
+    reg.applied = [h.target for h in hooks]
+
+
+def register() -> None:
+    global REGISTRATION
+    reg = REGISTRATION = version_guard.Registration(version_guard.installed_sglang_version())
+    problem = version_guard.version_problem(reg.sglang_version)
+    if problem:
+        reg.problems.append(problem)
+    else:
+        try:
+            _register_all(reg)
+        except Exception as exc:  # SGLang would log and swallow it, leaving the plugin half applied
+            reg.problems.append(f"registration failed ({type(exc).__name__}: {exc})")
+    if reg.problems:
+        version_guard.refuse_glm_dsa(reg)
+        return
+    logger.info(
+        "sglang-glm active on SGLang %s: models from %s, its attention backends, hooks on %s",
+        reg.sglang_version, MODELS_PACKAGE, ", ".join(reg.applied),
+    )

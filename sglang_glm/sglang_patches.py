@@ -1,8 +1,13 @@
 """Every change the plugin makes to SGLang internals that SGLang offers no registry for.
 
-Each patch goes through SGLang's own `HookRegistry` and says why in one line. Two apply on every
-platform (the DSA KV pool follows the attention backend; requests that would crash SGLang's
-scheduler get a 400); the rest apply only on the CPU path, `apply()` shows which.
+Each patch goes through SGLang's own `HookRegistry` and says why in one line. Every hook changes
+behaviour only for GLM-DSA models or the plugin's own attention backends, and passes everything
+else to SGLang untouched. On every platform: the DSA KV pool follows the attention backend;
+GLM-DSA requests that would crash SGLang's scheduler, get a 500 or a cut stream, or silently mean
+something else get a 400; GLM-DSA's server-arg defaults (CUDA: the plugin's Triton backend);
+prefill without CUDA graphs and the top-k buffer sized once for the plugin's backends; EAGLE's
+draft backends and flag checks. Four apply only on the CPU path. `hooks()` lists them;
+`plugin.register()` checks every target exists before `apply()` registers any.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Callable, NamedTuple
 from unittest import mock
 
 logger = logging.getLogger(__name__)
@@ -34,6 +40,8 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
 
     from sglang_glm.plugin import TRITON_BACKEND_NAME
 
+    if not is_glm_dsa(model_config_of(server_args).hf_config):
+        return original(server_args, *args, **kwargs)
     user = resolving_view(server_args)
     user_kv_dtype, user_page = user.kv_cache_dtype, user.page_size
     user_backend = (user.attention_backend, user.prefill_attention_backend, user.decode_attention_backend)
@@ -42,8 +50,6 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
             result = original(server_args, *args, **kwargs)
     else:
         result = original(server_args, *args, **kwargs)
-    if not is_glm_dsa(model_config_of(server_args).hf_config):
-        return result
     # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
     # the path this project runs (README, "On a GPU deployment").
     if not _on_cpu() and user_backend == (None, None, None):
@@ -158,19 +164,17 @@ def _spec_server_args():
     return args if getattr(args, "speculative_algorithm", None) else None
 
 
-def _refuse_sampled_verify_on_cpu(result, params, *args, **kwargs):
-    # SGLang's CPU EAGLE verify is greedy whatever the temperature: refuse instead of lying.
-    if _spec_server_args() is None:
-        return result
-    greedy = params.temperature == 0 or params.top_k == 1
-    samples_nothing = params.max_new_tokens == 0  # prompt scoring, e.g. the frontend's select
-    if not greedy and not samples_nothing:
-        raise ValueError(
-            "Speculative decoding (EAGLE/NEXTN MTP) on CPU verifies drafts greedily only: a request "
-            f"with temperature={params.temperature} would silently get greedy tokens. Send "
-            "temperature 0 (or top_k 1), or serve without --speculative-algorithm on CPU."
-        )
-    return result
+def _plugin_backend_in_use() -> bool:
+    """Whether this process runs one of the plugin's attention backends (GLM-DSA's on CPU)."""
+    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+    from sglang_glm.plugin import TRITON_BACKEND_NAME
+
+    try:
+        from sglang.srt.runtime_context import attention_backends
+
+        return bool(set(attention_backends()) & {BACKEND_NAME, TRITON_BACKEND_NAME})
+    except Exception:  # no runtime context in this process yet
+        return False
 
 
 def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
@@ -188,12 +192,16 @@ def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
 def _no_pynccl_on_cpu(*args, **kwargs):
     # SGLang's in-tree CPU platform still builds a NCCL communicator for TP > 1 and fails on the
     # CPU device; CPU ranks all-reduce through the gloo group SGLang creates anyway.
+    if not _plugin_backend_in_use():
+        return None
     kwargs["use_pynccl"] = False
     return args, kwargs
 
 
 def _last_loc_in_torch(original, req_to_token, req_pool_indices, prefix_lens):
     # SGLang picks its Triton kernel for every backend but torch_native/ascend; Triton cannot run on CPU.
+    if not _plugin_backend_in_use():
+        return original(req_to_token, req_pool_indices, prefix_lens)
     from sglang.srt.mem_cache.allocation import get_last_loc_torch
 
     return get_last_loc_torch(req_to_token, req_pool_indices, prefix_lens)
@@ -202,12 +210,7 @@ def _last_loc_in_torch(original, req_to_token, req_pool_indices, prefix_lens):
 def _plugin_kv_pool(original, configurator, *, kind, default):
     # SGLang picks the DSA pool by model, not by attention backend; the plugin's backends need the
     # plugin's pool (index keys in the model dtype, none for shared layers), SGLang's `dsa` its own.
-    from sglang.srt.runtime_context import attention_backends
-
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
-    from sglang_glm.plugin import TRITON_BACKEND_NAME
-
-    if kind == "dsa" and set(attention_backends()) & {BACKEND_NAME, TRITON_BACKEND_NAME}:
+    if kind == "dsa" and _plugin_backend_in_use():
         from sglang_glm.attention.kv_pool import TorchDSAKVPool
 
         return TorchDSAKVPool
@@ -216,6 +219,8 @@ def _plugin_kv_pool(original, configurator, *, kind, default):
 
 def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **kwargs):
     # SGLang reports only the accepted-drafts histogram per request; per-position rates follow from it.
+    if not is_glm_dsa(manager.model_config.hf_config):
+        return result
     from sglang_glm.mtp.acceptance import report_finished_request
 
     hist = meta_info.get("spec_correct_drafts_histogram") or []
@@ -226,100 +231,125 @@ def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **k
     return result
 
 
-def _reject_unservable_request(manager, obj, input_ids, *args, **kwargs):
+def _guard_glm_dsa_request(original, manager, obj, input_text, input_ids, *args, **kwargs):
     # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
-    # down; a clear 400 here keeps serving (ValueError becomes the HTTP error message).
+    # down, or answers 500; a clear 400 here keeps serving (ValueError becomes the HTTP error).
     if not is_glm_dsa(manager.model_config.hf_config):
-        return None
+        return original(manager, obj, input_text, input_ids, *args, **kwargs)
+    from sglang_glm import request_guard
+
     vocab = manager.model_config.vocab_size
-    if input_ids is not None:
-        if len(input_ids) == 0:
-            raise ValueError("The prompt is empty (no tokens); send at least one token (text or input_ids).")
-        bad = [t for t in input_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(
-                f"input_ids contains {bad[:5]} outside the vocabulary [0, {vocab}); "
-                "send token ids of this model's tokenizer"
-            )
-    top = getattr(obj, "top_logprobs_num", None)
-    if getattr(obj, "return_logprob", False) and isinstance(top, int) and top > vocab:
-        raise ValueError(f"top_logprobs_num = {top} exceeds the vocabulary size {vocab}")
-    return None
+    params = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
+    request_guard.check_before_parsing(params, input_ids, vocab)
+    tokenized = original(manager, obj, input_text, input_ids, *args, **kwargs)
+    if hasattr(tokenized, "sampling_params"):  # generation, not embedding
+        request_guard.check_tokenized(
+            tokenized, vocab, greedy_verify_only=_on_cpu() and _spec_server_args() is not None
+        )
+    return tokenized
+
+
+def _guard_glm_dsa_batch(original, manager, obj, *args, **kwargs):
+    # SGLang answers 500 for some request shapes (its batch normalization raises TypeError or
+    # IndexError); a 400 naming the field instead. generate_request is an async generator.
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    if not isinstance(obj, GenerateReqInput) or not is_glm_dsa(manager.model_config.hf_config):
+        return original(manager, obj, *args, **kwargs)
+    return _shape_checked(original(manager, obj, *args, **kwargs), obj)
+
+
+async def _shape_checked(outputs, obj):
+    from sglang_glm import request_guard
+
+    request_guard.check_shape(obj)  # on first iteration, where SGLang raises its own ValueErrors
+    async with contextlib.aclosing(outputs):
+        async for out in outputs:
+            yield out
+
+
+def _abort_task_skips_rejected(original, manager, obj, *args, **kwargs):
+    # SGLang's abort task, run after a streamed response, reads `obj.is_single`, which only its
+    # batch normalization sets: for a stream rejected before that (bad input, nothing to abort)
+    # the task raises and cuts the response short of its error and [DONE].
+    from starlette.background import BackgroundTasks
+
+    tasks = original(manager, obj, *args, **kwargs)
+    if not is_glm_dsa(manager.model_config.hf_config):
+        return tasks
+
+    async def abort_if_admitted():
+        if hasattr(obj, "is_single"):
+            await tasks()
+
+    guarded = BackgroundTasks()
+    guarded.add_task(abort_if_admitted)
+    return guarded
+
+
+def _chat_zero_tokens_refused(error, serving, request, *args, **kwargs):
+    # SGLang's chat endpoint reads max_completion_tokens (or max_tokens) 0 as "unset": the request
+    # then generates up to the context length instead of nothing.
+    if error or not is_glm_dsa(serving.tokenizer_manager.model_config.hf_config):
+        return error
+    for name in ("max_completion_tokens", "max_tokens"):
+        if getattr(request, name, None) == 0:
+            return f"{name} = 0: send at least 1 (0 would mean no limit to SGLang's chat endpoint)"
+    return error
 
 
 def is_glm_dsa(hf_config) -> bool:
     return any(a.startswith("GlmMoeDsaForCausalLM") for a in hf_config.architectures or [])
 
 
-def apply() -> None:
-    """Register the plugin's hooks; SGLang's `load_plugins` applies them after all plugins ran."""
+class Hook(NamedTuple):
+    target: str  # dotted path, as SGLang's HookRegistry resolves it
+    fn: Callable
+    kind: str  # HookType member name: BEFORE, AFTER, AROUND, REPLACE
+
+
+def hooks() -> list[Hook]:
+    """Every hook this process needs: most on every platform, four on the CPU path only."""
+    everywhere = [
+        Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
+             _plugin_kv_pool, "AROUND"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
+             _guard_glm_dsa_batch, "AROUND"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",
+             _guard_glm_dsa_request, "AROUND"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.create_abort_task",
+             _abort_task_skips_rejected, "AROUND"),
+        Hook("sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._validate_request",
+             _chat_zero_tokens_refused, "AFTER"),
+        Hook("sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
+             _glm_dsa_model_adjustments, "AROUND"),
+        Hook("sglang.srt.arg_groups.cuda_graph_hook.disable_prefill_cuda_graph_for_deepseek_trtllm_mla",
+             _no_prefill_cuda_graph, "AFTER"),
+        Hook("sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",
+             _allocate_forward_buffers, "AFTER"),
+        Hook("sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
+             _draft_decode_backend, "AROUND"),
+        Hook("sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+             _draft_extend_backend, "AROUND"),
+        Hook("sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
+             _validate_glm_dsa_spec, "AROUND"),
+    ]
+    if not _on_cpu():
+        return everywhere
+    return everywhere + [
+        Hook("sglang.srt.distributed.parallel_state.init_model_parallel_group",
+             _no_pynccl_on_cpu, "BEFORE"),
+        Hook("sglang.srt.arg_groups.platform_hook.handle_cpu_backends",
+             _cpu_backends_with_dsa_default, "AROUND"),
+        Hook("sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, "AROUND"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+             _per_position_acceptance, "AFTER"),
+    ]
+
+
+def apply(hook_list: list[Hook]) -> None:
+    """Register the hooks; SGLang's `load_plugins` applies them after all plugins ran."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    # Every platform.
-    HookRegistry.register(
-        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
-        _plugin_kv_pool,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
-        _reject_unservable_request,
-        HookType.BEFORE,
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments",
-        _glm_dsa_model_adjustments,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.cuda_graph_hook.disable_prefill_cuda_graph_for_deepseek_trtllm_mla",
-        _no_prefill_cuda_graph,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.model_executor.model_runner.ModelRunner.init_attention_backends",
-        _allocate_forward_buffers,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
-        _draft_decode_backend,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
-        _draft_extend_backend,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
-        _validate_glm_dsa_spec,
-        HookType.AROUND,
-    )
-    if not _on_cpu():
-        return
-
-    # CPU only.
-    HookRegistry.register(
-        "sglang.srt.distributed.parallel_state.init_model_parallel_group",
-        _no_pynccl_on_cpu,
-        HookType.BEFORE,
-    )
-    HookRegistry.register(
-        "sglang.srt.arg_groups.platform_hook.handle_cpu_backends",
-        _cpu_backends_with_dsa_default,
-        HookType.AROUND,
-    )
-    HookRegistry.register(
-        "sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, HookType.AROUND
-    )
-    HookRegistry.register(
-        "sglang.srt.sampling.sampling_params.SamplingParams.verify",
-        _refuse_sampled_verify_on_cpu,
-        HookType.AFTER,
-    )
-    HookRegistry.register(
-        "sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
-        _per_position_acceptance,
-        HookType.AFTER,
-    )
+    for hook in hook_list:
+        HookRegistry.register(hook.target, hook.fn, HookType[hook.kind])

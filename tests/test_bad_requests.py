@@ -3,7 +3,7 @@
 One SGLang HTTP server (the plugin's CPU launcher, tiny GLM-DSA checkpoint, MTP drafting on) serves
 the request tests. After every bad request the same greedy request must still return the tokens it returned
 before. A few bad requests crash SGLang 0.5.23's scheduler (and with it the whole server) unless
-the plugin rejects them first (sglang_patches._reject_unservable_request).
+the plugin rejects them first (sglang_glm/request_guard.py).
 
 Launch tests start the server with a malformed layer-plan / MTP override and expect a non-zero
 exit whose output names the field. They run in parallel threads to keep CI time down.
@@ -170,8 +170,9 @@ def test_invalid_sampling_params_generate(server, case):
     "params,word",
     [({"temperature": -0.5}, "temperature"), ({"top_p": 2.0}, "top_p"),
      ({"max_tokens": -1}, "max_tokens"), ({"top_k": 0, "temperature": 0.5}, "top_k"),
-     ({"frequency_penalty": 5}, "frequency_penalty")],
-    ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty"],
+     ({"frequency_penalty": 5}, "frequency_penalty"),
+     ({"logit_bias": {"5": "nan"}}, "logit_bias")],  # pydantic parses "nan" as a float
+    ids=["temperature", "top_p", "max_tokens", "top_k", "frequency_penalty", "logit_bias_nan"],
 )
 def test_invalid_sampling_params_v1(server, params, word):
     body = {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0, **params}
@@ -249,6 +250,110 @@ def test_top_logprobs_more_than_vocab(server):
 
 def test_empty_text_prompt(server):
     assert_4xx(*send(server.url, "/generate", {"text": "", "sampling_params": GREEDY}), "empty")
+    server.assert_still_serving()
+
+
+# Found by the request fuzzer (tests/test_request_fuzz.py); each kills SGLang 0.5.23's scheduler or
+# gets a 500 without the plugin's guard (sglang_glm/request_guard.py).
+FUZZER_FOUND = {
+    # min-new-tokens penalizer scatters with the stop id: scheduler dies
+    "stop_token_ids_oov_min_new_tokens": (
+        "/generate", {"input_ids": PROBE, "sampling_params": {
+            **GREEDY, "stop_token_ids": [VOCAB + 5], "min_new_tokens": 2}},
+        ["stop_token_ids", str(VOCAB + 5), "vocabulary"]),
+    "stop_token_ids_negative_min_new_tokens": (
+        "/generate", {"input_ids": PROBE, "sampling_params": {
+            **GREEDY, "stop_token_ids": [-1], "min_new_tokens": 2}},
+        ["stop_token_ids", "-1", "vocabulary"]),
+    "v1_stop_token_ids_min_tokens": (
+        "/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0,
+                            "stop_token_ids": [10**6], "min_tokens": 2},
+        ["stop_token_ids", str(10**6), "vocabulary"]),
+    # re's parser raises re.error, answered 500
+    "stop_regex_invalid": (
+        "/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 4, "temperature": 0,
+                            "stop_regex": "(?P<n>a)(?P<n>b)"},
+        ["stop_regex", "(?P<n>a)(?P<n>b)"]),
+    # None compared with 1 in SGLang's parallel-sampling setup: TypeError, 500
+    "n_null": ("/generate", {"input_ids": PROBE, "sampling_params": {**GREEDY, "n": None}},
+               ["n = None"]),
+    # every sample's state is built up front: the server grows past the machine's memory
+    "n_huge": ("/generate", {"input_ids": PROBE, "sampling_params": {**GREEDY, "n": 10**6}},
+               ["n = 1000000", "1024"]),
+    "v1_n_huge": ("/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 2,
+                                      "temperature": 0, "n": 10**6}, ["n = 1000000"]),
+    # one sampling_params object for two prompts, indexed per prompt: IndexError, 500
+    "sampling_params_list_short": (
+        "/generate", {"input_ids": [PROBE, PROBE], "sampling_params": [GREEDY]},
+        ["sampling_params has 1 entries", "batch of 2"]),
+    # packed into 64-bit integers before any range check: 500
+    "v1_prompt_id_above_int64": (
+        "/v1/completions", {"model": "default", "prompt": [5, 2**63], "max_tokens": 2,
+                            "temperature": 0}, ["input_ids", str(2**63), "vocabulary"]),
+    # a list where a single prompt takes one value: killed the scheduler (lora_id), 500 (others)
+    "lora_id_list_single_prompt": (
+        "/generate", {"text": "x", "lora_id": [""], "sampling_params": GREEDY},
+        ["lora_id is a list"]),
+    "v1_bootstrap_room_list_n2": (
+        "/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2, "temperature": 0,
+                            "n": 2, "bootstrap_room": []}, ["bootstrap_room is a list"]),
+    # SGLang refuses text + input_ids + input_embeds together only; two index each other: 500
+    "text_and_input_ids": (
+        "/generate", {"text": ["a", "b"], "input_ids": [], "sampling_params": GREEDY},
+        ["text and input_ids are both set"]),
+    # a single prompt's sampling_params is read as an object: AttributeError, 500
+    "sampling_params_list_single_prompt": (
+        "/generate", {"text": "x", "sampling_params": [GREEDY]}, ["sampling_params is a list"]),
+    # per-prompt list shorter than the batch, indexed per prompt: IndexError, 500
+    "return_sampling_mask_list_short": (
+        "/generate", {"input_ids": [PROBE], "return_sampling_mask": [], "sampling_params": GREEDY},
+        ["return_sampling_mask has 0 entries"]),
+    # SessionParams(**session_params): unknown key is a TypeError, 500
+    "session_params_unknown_key": (
+        "/generate", {"input_ids": PROBE, "session_params": {"temperature": 1},
+                      "sampling_params": GREEDY}, ["session_params.temperature"]),
+    # indexed per prompt without spreading: a string is indexed by character, IndexError, 500
+    "lora_id_string_for_batch": (
+        "/generate", {"input_ids": [PROBE, PROBE], "lora_id": "x", "sampling_params": GREEDY},
+        ["lora_id has a str", "batch of 2"]),
+    # unchecked on the way to the scheduler, which raises on it: the scheduler dies
+    "positional_embed_overrides": (
+        "/generate", {"text": "x", "positional_embed_overrides": [{"a": [{"a": 1}]}],
+                      "sampling_params": GREEDY}, ["positional_embed_overrides"]),
+    "return_hidden_states_list_single_prompt": (
+        "/generate", {"text": "x", "return_hidden_states": [], "sampling_params": GREEDY},
+        ["return_hidden_states = []"]),
+    # read as "unset" by SGLang's chat endpoint: generates to the context length (a minutes-long hang)
+    "chat_max_completion_tokens_zero": (
+        "/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}],
+                                 "temperature": 0, "max_completion_tokens": 0},
+        ["max_completion_tokens = 0"]),
+    # rid keys SGLang's request table: a list is unhashable, 500
+    "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
+                                        "temperature": 0, "rid": []}, ["rid is a list"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FUZZER_FOUND))
+def test_fuzzer_found(server, case):
+    path, body, words = FUZZER_FOUND[case]
+    assert_4xx(*send(server.url, path, body), *words)
+    server.assert_still_serving()
+
+
+@pytest.mark.parametrize(
+    "body,word",
+    [({"text": ["a", "b"], "lora_id": "x", "stream": True, "sampling_params": GREEDY}, b"lora_id"),
+     ({"stream": True, "sampling_params": GREEDY}, b"input_ids")],  # SGLang's own check
+    ids=["plugin_check", "sglang_check"],
+)
+def test_fuzzer_found_streamed_rejection_ends_cleanly(server, body, word):
+    """A streamed request rejected before SGLang normalizes it: SGLang's abort task read a field
+    only normalization sets and cut the stream after 2 s, without [DONE] (ChunkedEncodingError)."""
+    with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert word in lines[0], lines
+    assert lines[-1] == b"data: [DONE]", lines
     server.assert_still_serving()
 
 

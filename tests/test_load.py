@@ -1,14 +1,21 @@
-"""Load: more concurrent clients than the server runs at once, 5 rounds, with aborts mid-stream.
+"""Load and faults with MTP on: more concurrent clients than the server runs at once, 5 rounds.
 
-Asserts, against one SGLang HTTP server (the plugin's CPU launcher, a tiny GLM-DSA checkpoint: the
-bundled trained model is twice as deep and this test is about the server, not the model):
+Asserts, against one SGLang HTTP server (the plugin's CPU launcher, a tiny GLM-DSA checkpoint, MTP
+drafting on: the bundled trained model is twice as deep and this test is about the server, not
+the model):
 - every request of every round completes, under the rid it was sent with (nothing lost or mixed);
 - each greedy output equals the output the same request got alone, before the load;
-- requests aborted mid-stream, by client disconnect and by SGLang's /abort_request, end (the server
-  returns to zero running and queued requests well before they could have finished) and the
-  server keeps serving;
+- requests aborted mid-stream, by client disconnect (also streamed n=3 requests, dropped after
+  the first chunk) and by SGLang's /abort_request, end (the server returns to zero running and
+  queued requests well before they could have finished) and the server keeps serving;
+- in each round, `/abort_request {"abort_all": true}` in a loop while requests decode and new ones
+  arrive: every request it did not abort has its single-request tokens, every aborted one a
+  prefix of them;
 - the resident memory of the server's whole process group (launcher, scheduler, detokenizer) after
-  round 5 is within 5% of after round 2.
+  round 5 is within 5% of after round 2;
+- requests SGLang retracts mid-speculation (8 concurrent ~1,900-token prompts, 140 new tokens each,
+  in an 8,192-token KV pool, on a server that also retracts every 10 decode steps) each still get
+  their single-request tokens.
 Bounded loops, loopback only; the server is stopped by the test.
 """
 
@@ -51,6 +58,16 @@ TIMEOUT = 900  # per request; generous: CI machines are shared
 LONG_TOKENS = 1500  # aborted requests ask for this many: they cannot finish on their own in time
 IDLE_TIMEOUT = 120.0
 RSS_TOLERANCE = 0.05
+ABORT_ALL_FOR_S = 6.0  # per round: abort_all this long, every ABORT_ALL_EVERY_S: some requests
+ABORT_ALL_EVERY_S = 1.5  # complete between two aborts, some are caught by one
+STORM_CLIENTS = 4  # each sends requests back to back while abort_all fires
+# Retraction: 8 concurrent ~1,900-token prompts, 140 new tokens each, 8,192-token KV pool. SGLang
+# admits requests so that their growth fits (a 2,048-token context fills at most 4 x 32 pages), so
+# this load alone rarely retracts; the retracting server also retracts every RETRACT_EVERY decode
+# steps through SGLang's own test switch, which takes the same path as a full pool
+# (ScheduleBatch.retract_decode).
+PRESSURE_PROMPTS, PRESSURE_LEN, PRESSURE_NEW = 8, 1880, 140
+RETRACT_EVERY = 10
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +196,20 @@ def disconnecting_client(url, prompt, rid, start: threading.Event):
     return chunks  # leaving the with-block closes the socket mid-stream
 
 
+def parallel_disconnecting_client(url, prompt, rid, start: threading.Event):
+    """Streams a greedy n=3 request and drops the connection after the first chunk."""
+    start.wait()
+    with requests.post(f"{url}/generate", stream=True, timeout=TIMEOUT,
+                       json={"input_ids": prompt, "rid": rid, "stream": True, "sampling_params": {
+                           "temperature": 0, "max_new_tokens": LONG_TOKENS, "ignore_eos": True,
+                           "n": 3}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith(b"data: "):
+                return 1
+    return 0
+
+
 def abort_api_client(url, prompt, rid, start: threading.Event):
     """Streams a long request and aborts it through /abort_request after the first chunk."""
     start.wait()
@@ -207,6 +238,7 @@ def test_load_rounds(server, prompts):
     assert len({tuple(a) for a in alone}) > N_CLIENTS // 2, "degenerate model: outputs all alike"
 
     rss = {}
+    storm = []  # (completed, aborted) per round
     for rnd in range(1, ROUNDS + 1):
         start = threading.Event()
         rids = [f"r{rnd}-c{i}-{uuid.uuid4().hex[:8]}" for i in range(N_CLIENTS)]
@@ -223,10 +255,13 @@ def test_load_rounds(server, prompts):
                      for k in range(N_DISCONNECT)]
             abort = pool.submit(abort_api_client, server, extra[-1],
                                 f"r{rnd}-abort-{uuid.uuid4().hex[:8]}", start)
+            parallel_drop = pool.submit(parallel_disconnecting_client, server, extra[0],
+                                        f"r{rnd}-n3drop-{uuid.uuid4().hex[:8]}", start)
             start.set()
             results = [f.result(timeout=2 * TIMEOUT) for f in futs]
             drop_chunks = [f.result(timeout=2 * TIMEOUT) for f in drops]
             abort_last = abort.result(timeout=2 * TIMEOUT)
+            assert parallel_drop.result(timeout=2 * TIMEOUT) == 1
         elapsed = time.time() - t0
 
         # Every request completed under its own rid, with its single-request tokens.
@@ -243,14 +278,98 @@ def test_load_rounds(server, prompts):
 
         # Aborted requests are gone: the server goes idle, not after LONG_TOKENS decode steps.
         wait_idle(server)
+        storm.append(abort_all_storm(server, rnd, regular, alone))
+        wait_idle(server)
         # And it still serves, with the same tokens.
         assert run_client(server, 0, regular[0], f"after-{rnd}-{uuid.uuid4().hex[:8]}")[1] == alone[0]
         time.sleep(2)
         rss[rnd] = process_group_rss(server)
         print(f"round {rnd}: {elapsed:.1f}s, process-group RSS {rss[rnd] / 2**20:.1f} MiB")
 
+    completed, aborted = map(sum, zip(*storm))
+    assert completed > 0 and aborted > 0, f"abort_all storms: {completed} completed, {aborted} aborted"
     drift = abs(rss[ROUNDS] - rss[2]) / rss[2]
     assert drift <= RSS_TOLERANCE, (
         f"process-group RSS after round {ROUNDS} is {rss[ROUNDS] / 2**20:.1f} MiB, after round 2 "
         f"{rss[2] / 2**20:.1f} MiB ({drift:.1%} apart, limit {RSS_TOLERANCE:.0%})"
     )
+
+
+def storm_client(url, k, regular, alone, stop: threading.Event, rnd) -> tuple[int, int]:
+    """Sends /generate requests back to back until `stop`; (completed, aborted) counts."""
+    completed = aborted = 0
+    i = k
+    while not stop.is_set():
+        idx = i % len(regular)
+        r = requests.post(f"{url}/generate", timeout=TIMEOUT, json={
+            "input_ids": regular[idx], "sampling_params": GREEDY,
+            "rid": f"r{rnd}-storm{k}-{i}-{uuid.uuid4().hex[:8]}"})
+        out = r.json()
+        meta = out.get("meta_info") if r.status_code == 200 else None
+        if meta is None or meta["finish_reason"]["type"] == "abort":
+            # An abort may answer with an error body; a partial output is a prefix of the real one.
+            partial = out.get("output_ids", []) if isinstance(out, dict) else []
+            assert alone[idx][:len(partial)] == partial, (idx, partial, alone[idx])
+            aborted += 1
+        else:
+            assert out["output_ids"] == alone[idx], (idx, out["output_ids"], alone[idx])
+            completed += 1
+        i += STORM_CLIENTS
+    return completed, aborted
+
+
+def abort_all_storm(url, rnd, regular, alone):
+    """abort_all every ABORT_ALL_EVERY_S for ABORT_ALL_FOR_S while STORM_CLIENTS keep sending."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=STORM_CLIENTS) as pool:
+        clients = [pool.submit(storm_client, url, k, regular, alone, stop, rnd)
+                   for k in range(STORM_CLIENTS)]
+        t_end = time.time() + ABORT_ALL_FOR_S
+        while time.time() < t_end:
+            time.sleep(ABORT_ALL_EVERY_S)
+            a = requests.post(f"{url}/abort_request", json={"abort_all": True}, timeout=30)
+            assert a.status_code == 200, a.text
+        stop.set()
+        counts = [c.result(timeout=2 * TIMEOUT) for c in clients]
+    completed, aborted = map(sum, zip(*counts))
+    print(f"round {rnd}: abort_all storm: {completed} completed, {aborted} aborted")
+    return completed, aborted
+
+
+@pytest.fixture(scope="module")
+def retracting_server(model):
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SGLANG_TEST_RETRACT", "1")
+        env.setenv("SGLANG_TEST_RETRACT_INTERVAL", str(RETRACT_EVERY))
+        with http_server(model, "--max-running-requests", str(MAX_RUNNING), "--enable-metrics",
+                         *MTP_ARGS) as url:
+            yield url
+
+
+def test_retraction_mid_speculation(server, retracting_server, model):
+    """Requests retracted mid-speculation and run again end with their single-request tokens
+    (single-request tokens from the server that does not retract)."""
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(model)))
+    # Within the tiny checkpoint's 2,048-token context with the new tokens.
+    prompts = [[(31 * i + 17 * k) % (vocab - 2) + 1 for k in range(PRESSURE_LEN + 2 * i)]
+               for i in range(PRESSURE_PROMPTS)]
+    params = {"temperature": 0, "max_new_tokens": PRESSURE_NEW, "ignore_eos": True}
+
+    def generate(url, prompt):
+        r = requests.post(f"{url}/generate", timeout=TIMEOUT,
+                          json={"input_ids": prompt, "sampling_params": params})
+        r.raise_for_status()
+        return r.json()
+
+    alone = [generate(server, p)["output_ids"] for p in prompts]
+    with ThreadPoolExecutor(max_workers=PRESSURE_PROMPTS) as pool:
+        together = list(pool.map(lambda p: generate(retracting_server, p), prompts))
+    retractions = [o["meta_info"]["num_retractions"] for o in together]
+    print(f"retractions per request: {retractions}")
+    assert sum(retractions) > 0, "no request was retracted: the test does not exercise retraction"
+    for i, out in enumerate(together):
+        assert out["output_ids"] == alone[i], f"prompt {i} after {retractions[i]} retractions"
+    wait_idle(retracting_server)
+    assert generate(retracting_server, prompts[0])["output_ids"] == alone[0]
