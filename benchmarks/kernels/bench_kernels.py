@@ -1,11 +1,12 @@
 """One GPU run: check every glm_dsa_kernels kernel against float64 references, then time them
 against the roofline (both ceilings measured in this run) and against SGLang 0.5.23's Triton
-sparse-MLA kernels (copied, git-ignored, into third_party_baselines/).
+sparse-MLA kernels (imported from the installed SGLang).
 
-  mkdir -p /tmp/p && ln -s $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   python3 benchmarks/kernels/bench_kernels.py --out-dir OUT   (launch shapes: sweep.py)
 
-Writes results.json, results.md and roofline.png into --out-dir (default: beside this script).
+Writes results.json, tables.md and roofline.png into --out-dir (default: logs/ beside this script;
+results.md is the written-up recorded run).
 `--plot-only results.json` redraws the PNG where matplotlib exists.
 """
 
@@ -19,12 +20,10 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO / "third_party_baselines"))
 
-ROWS = []  # every timed line, for results.json / results.md
+ROWS = []  # every timed line, for results.json / tables.md
 CHECKS = []  # every correctness line
-MARKDOWN = []  # the printed tables, for results.md
+MARKDOWN = []  # the printed tables, for tables.md
 SKIP = set()  # --skip sections
 
 
@@ -138,6 +137,20 @@ def check(name, ok, detail):
     log(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
 
 
+def load_previous(folder: Path, *modules: str) -> list:
+    """Modules of an older glm_dsa_kernels copy in `folder`, as package glm_dsa_kernels_prev."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "glm_dsa_kernels_prev", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package
+    spec.loader.exec_module(package)
+    return [importlib.import_module(f"glm_dsa_kernels_prev.{m}") for m in modules]
+
+
 # ------------------------------------------------------------------ inputs
 def mla_inputs(pool, T, H, topk, gen_seed):
     g = torch.Generator(device="cuda").manual_seed(gen_seed)
@@ -147,13 +160,13 @@ def mla_inputs(pool, T, H, topk, gen_seed):
 
 
 def sglang_decode(q, kv3, idx, scale):
-    from triton_sparse_mla_decode import triton_sparse_mla_decode
+    from sglang.kernels.ops.attention.dsa.triton_sparse_mla_decode import triton_sparse_mla_decode
 
     return triton_sparse_mla_decode(q[..., :512], q[..., 512:], kv3, idx[:, None, :], scale)
 
 
 def sglang_fwd(q, kv3, idx, scale):
-    from triton_sparse_mla import triton_sparse_mla_fwd
+    from sglang.kernels.ops.attention.dsa.triton_sparse_mla import triton_sparse_mla_fwd
 
     return triton_sparse_mla_fwd(q[..., :512], q[..., 512:], kv3, idx[:, None, :], scale)
 
@@ -367,7 +380,7 @@ def write_outputs(out_dir, meta):
             f"bf16 8192^3 matmul {meta['matmul_tflops']:.0f} TFLOP/s", f"command: `{meta['command']}`",
             f"checks: {sum(c['ok'] for c in CHECKS)}/{len(CHECKS)} passed"]
     checks = [f"- [{'PASS' if c['ok'] else 'FAIL'}] {c['name']}: {c['detail']}" for c in CHECKS]
-    (out_dir / "results.md").write_text("\n".join(head + [""] + checks + MARKDOWN) + "\n")
+    (out_dir / "tables.md").write_text("\n".join(head + [""] + checks + MARKDOWN) + "\n")
     try:
         plot(out_dir / "results.json", out_dir / "roofline.png")
     except Exception:  # a plot must never cost the numbers
@@ -408,7 +421,7 @@ def plot(json_path, png_path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out-dir", type=Path, default=HERE)
+    ap.add_argument("--out-dir", type=Path, default=HERE / "logs")
     ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache,sglang-prefill "
                     "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)

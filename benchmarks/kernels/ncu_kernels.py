@@ -1,6 +1,6 @@
 """Launch one benchmark problem's kernel a few times for Nsight Compute (ncu) to profile.
 
-  mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   ncu --clock-control none -k regex:_indexer_logits_kernel --launch-skip 2 --launch-count 2 \
       --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
       --section LaunchStats --section ComputeWorkloadAnalysis \
@@ -10,7 +10,7 @@
       python3 benchmarks/kernels/ncu_kernels.py mla-fp8                     # ncu_sparse_mla_fp8_*.txt
 
 indexer-logits: the decode indexer's logits kernel at batch 64 x 64K FP8 keys, alternating with the
-previous kernels' (--prev DIR holds them as glm_dsa_kernels_prev, see sweep.py), so the two
+previous kernels' (--prev DIR: an older copy of the package folder, see sweep.py), so the two
 profiled launches are this version's, then the previous one's. ncu_indexer_logits.txt: this
 kernel at 1024 keys per program against 6b54424's. mla-fp8: sparse MLA decode, FP8 KV, batch 256,
 16 heads, default launch shape; ncu_sparse_mla_fp8_fp16dequant.txt profiled it with
@@ -18,27 +18,25 @@ experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization)
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import decode_indexer_inputs, mla_inputs  # noqa: E402
+# Run as a script, this folder is on sys.path already.
+from bench_kernels import decode_indexer_inputs, load_previous, mla_inputs
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("problem", choices=["indexer-logits", "mla-fp8"])
-    ap.add_argument("--prev", type=Path, help="folder holding a previous glm_dsa_kernels as glm_dsa_kernels_prev")
+    ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
     args = ap.parse_args()
     if args.problem == "indexer-logits":
         from glm_dsa_kernels.indexer import indexer_logits
 
         runs = [indexer_logits]
         if args.prev:
-            sys.path.insert(0, str(args.prev))
-            import glm_dsa_kernels_prev.indexer as prev
+            (prev,) = load_previous(args.prev, "indexer")
 
             runs.append(prev.indexer_logits)
         q, w, k_cache, pt, qr, kl = decode_indexer_inputs(64, 65536)

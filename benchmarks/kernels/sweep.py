@@ -1,24 +1,16 @@
 """Launch-shape sweep on the GPU: times candidate configs of glm_dsa_kernels' sparse MLA and
 indexer + top-k per benchmark problem, next to SGLang's kernel and (when given) a previous
 version of glm_dsa_kernels, all in one run. Candidates were screened offline first (triton
-compiled for sm_90 here, ptxas -v: registers, spills, shared memory). sweep_run4.log and
-sweep_run5.log also hold variants since removed from the kernel (the transposed "hon" form,
-FP8 scales applied to score/probability tiles, a fused top-digit histogram, hand-prefetched
-indexer keys); sweep_run7.log two more (indexer keys on the wgmma M side, which does get the
-e4m3 gather pipelined but measured 276 vs 260 us, and a first top-k pass by global atomics,
-190 vs 130 us); sweep_run8.log prefill query blocks of 2-8 queries sharing each indexer key
-tile (at best a tie): each lost to what stayed. Session 3 (sweep_run9-12.log): the fp16 indexer
-dot, three top-k designs (candidates by leading digit, by a sorted sample, by a sample's
-histogram; the last stayed), keys-on-M again in fp16 (lost), fp16 FP8-MLA dequantization (lost
-at 64 heads, +3-5% at 16: not kept).
+compiled for sm_90, ptxas -v: registers, spills, shared memory); results.md lists what was tried
+and lost.
 
-  mkdir -p /tmp/p && ln -sfn $PWD/kernels /tmp/p/glm_dsa_kernels && export PYTHONPATH=/tmp/p
+  pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   python3 benchmarks/kernels/sweep.py --out OUT/sweep.json [--prev DIR]
 
---prev DIR: a folder holding an older kernels/ as package glm_dsa_kernels_prev, e.g.
-  mkdir -p DIR/glm_dsa_kernels_prev && for f in __init__ sparse_mla indexer topk_select; do
-    git show REV:kernels/$f.py > DIR/glm_dsa_kernels_prev/$f.py; done
-(the recorded runs compared against 306d059).
+--prev DIR: an older copy of the kernels package folder, e.g.
+  git archive REV kernels/glm_dsa_kernels | tar x -C DIR --strip-components=2
+(loaded under the name glm_dsa_kernels_prev; the recorded runs compared against 306d059, when the
+kernels sat directly in kernels/: `git archive 306d059 kernels | tar x -C DIR --strip-components=1`).
 
 Prints one line per problem, fastest first, and writes every timing to --out.
 """
@@ -26,17 +18,14 @@ Prints one line per problem, fastest first, and writes every timing to --out.
 import argparse
 import dataclasses
 import json
-import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent / "third_party_baselines"))
-sys.path.insert(0, str(HERE))
-from bench_kernels import bench, decode_indexer_inputs, measure_ceilings, mla_inputs, rel_err, sglang_decode  # noqa: E402
+# Run as a script, this folder is on sys.path already.
+from bench_kernels import bench, decode_indexer_inputs, load_previous, measure_ceilings, mla_inputs, rel_err, sglang_decode
 
 RESULTS = []
 
@@ -190,16 +179,12 @@ def main():
     global prev_idx
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--prev", type=Path, help="folder holding a previous glm_dsa_kernels as glm_dsa_kernels_prev")
+    ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
     ap.add_argument("--only", default="mla,indexer")
     args = ap.parse_args()
     prev = None
     if args.prev:
-        sys.path.insert(0, str(args.prev))
-        import glm_dsa_kernels_prev.indexer as prev_idx_mod
-        import glm_dsa_kernels_prev.sparse_mla as prev
-
-        prev_idx = prev_idx_mod
+        prev, prev_idx = load_previous(args.prev, "sparse_mla", "indexer")
     bw, peak = measure_ceilings()
     log(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s")
     t0 = time.time()

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+# Run as a script, this folder is on sys.path already.
+from bench_acceptance import DEFAULT_MODEL, DEFAULT_TEXT, hardware
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-from bench_acceptance import DEFAULT_MODEL, DEFAULT_TEXT, hardware  # noqa: E402
 
 STEPS = 5
 
