@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Known-good package set for SGLang 0.5.23 on CPU (copy of the project's shared freeze).
-FREEZE=ci/sglang-cpu-freeze.txt
+FREEZE=scripts/sglang-cpu-freeze.txt
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import sglang, torch, transformers, pytest, hypothesis, sglang_glm" 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install -q --upgrade pip

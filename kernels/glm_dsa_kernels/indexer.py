@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .topk_select import topk_positions, topk_positions_ref
+from .topk_select import topk_positions
 
 N_HEADS = 32
 HEAD_DIM = 128
@@ -224,12 +224,6 @@ def indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, co
     return score.masked_fill(pos[None, :] >= key_limit[:, None], float("-inf"))
 
 
-def indexer_topk_ref(q, weights, k_cache, page_table, query_req, key_limit, topk, compute_dtype=torch.float64):
-    """Reference top-k positions [T, topk] int32 from indexer_logits_ref (same rule as the kernel)."""
-    logits = indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, compute_dtype)
-    return topk_positions_ref(logits, key_limit, topk)
-
-
 def indexer_bytes(num_keys_total: int, num_queries: int, topk: int, k_token_bytes: int = FP8_TOKEN_BYTES) -> int:
     """Roofline bytes as the issue counts them: keys x token bytes + q + weights + indices out."""
     return num_keys_total * k_token_bytes + num_queries * (N_HEADS * HEAD_DIM * 2 + N_HEADS * 4 + topk * 4)
@@ -242,6 +236,6 @@ def indexer_flops(num_keys_total: int) -> int:
 
 __all__ = [
     "IndexerConfig", "indexer_logits", "indexer_topk", "page_size", "quantize_index_k_fp8", "dequantize_index_k",
-    "indexer_logits_ref", "indexer_topk_ref", "indexer_bytes", "indexer_flops",
+    "indexer_logits_ref", "indexer_bytes", "indexer_flops",
     "N_HEADS", "HEAD_DIM", "PAGE_SIZE", "FP8_TOKEN_BYTES",
 ]

@@ -116,10 +116,6 @@ class Sequences:
     def num_tokens(self) -> int:
         return sum(len(s) for s in self.token_ids)
 
-    @property
-    def num_predictions(self) -> int:
-        return sum(len(s) - 1 for s in self.token_ids)
-
     def describe(self) -> str:
         return (
             f"{self.source}: {len(self.token_ids)} sequences, {self.num_tokens} tokens "

@@ -34,7 +34,3 @@ def activate() -> None:
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if stubs not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([stubs, *paths])
-
-
-def is_active() -> bool:
-    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1" and str(STUBS_DIR) in sys.path

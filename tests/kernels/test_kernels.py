@@ -9,12 +9,7 @@ import torch
 
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
 from glm_dsa_kernels.sparse_mla import SparseMLAConfig, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref
-from glm_dsa_kernels.topk_compact import (
-    compact_topk_rows,
-    compact_topk_rows_ref,
-    compact_topk_rows_tree,
-    compact_topk_rows_tree_ref,
-)
+from glm_dsa_kernels.topk_compact import compact_topk_rows, compact_topk_rows_ref
 from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -169,5 +164,3 @@ def test_compaction(device):
     accept = torch.tensor([3, 1, 2, 4], device=dev, dtype=torch.int32)
     out = torch.full((4, 2048), -7, device=dev, dtype=torch.int32)
     assert torch.equal(compact_topk_rows(rows, cu, accept, out=out), compact_topk_rows_ref(rows, cu, accept))
-    last = torch.tensor([2, 0, 3], device=dev, dtype=torch.int32)
-    assert torch.equal(compact_topk_rows_tree(rows[:12], 4, last), compact_topk_rows_tree_ref(rows[:12], 4, last))

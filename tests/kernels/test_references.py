@@ -5,7 +5,7 @@ import torch
 from glm_dsa_kernels.indexer import dequantize_index_k, indexer_logits_ref, quantize_index_k_fp8
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import dequantize_kv_fp8, quantize_kv_fp8, sparse_mla_fwd_ref
-from glm_dsa_kernels.topk_compact import compact_topk_rows_ref, compact_topk_rows_tree_ref
+from glm_dsa_kernels.topk_compact import compact_topk_rows_ref
 from glm_dsa_kernels.topk_select import topk_positions_ref
 
 
@@ -79,8 +79,6 @@ def test_compaction_refs():
     cu = torch.tensor([0, 3, 4, 10], dtype=torch.int32)
     got = compact_topk_rows_ref(rows, cu, torch.tensor([2, 1, 6], dtype=torch.int32))
     assert got[:, 0].tolist() == [4, 12, 36]
-    got = compact_topk_rows_tree_ref(rows[:8], 4, torch.tensor([3, 1], dtype=torch.int32))
-    assert got[:, 0].tolist() == [12, 20]
 
 
 def test_positions_to_pool_rows():
