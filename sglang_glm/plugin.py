@@ -14,7 +14,6 @@ from sglang_glm import version_guard
 logger = logging.getLogger(__name__)
 
 MODELS_PACKAGE = "sglang_glm.models"
-TRITON_BACKEND_NAME = "glm_dsa_triton"
 
 # What register() found and did in this process (None until SGLang calls it).
 REGISTRATION: version_guard.Registration | None = None
@@ -34,16 +33,17 @@ def _register_all(reg: version_guard.Registration) -> None:
     from sglang.srt.server_args import add_attention_backend_choices
 
     from sglang_glm import sglang_patches
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME, create_torch_dsa_backend
+    from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND
+    from sglang_glm.attention.torch_dsa_backend import create_torch_dsa_backend
 
     hooks = sglang_patches.hooks()
     reg.problems += [p for p in map(version_guard.missing_target, (h.target for h in hooks)) if p]
     if reg.problems:
         return
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
-    register_attention_backend(BACKEND_NAME)(create_torch_dsa_backend)
-    register_attention_backend(TRITON_BACKEND_NAME)(_create_triton_dsa_backend)
-    add_attention_backend_choices([BACKEND_NAME, TRITON_BACKEND_NAME])
+    register_attention_backend(TORCH_BACKEND)(create_torch_dsa_backend)
+    register_attention_backend(TRITON_BACKEND)(_create_triton_dsa_backend)
+    add_attention_backend_choices(list(PLUGIN_BACKENDS))
     sglang_patches.apply(hooks)
     reg.applied = [h.target for h in hooks]
 

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Callable, NamedTuple
 from unittest import mock
 
+from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND, on_cpu_engine
+
 logger = logging.getLogger(__name__)
-
-
-def _on_cpu() -> bool:
-    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
 
 
 @contextlib.contextmanager
@@ -38,24 +35,22 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    from sglang_glm.plugin import TRITON_BACKEND_NAME
-
     if not is_glm_dsa(model_config_of(server_args).hf_config):
         return original(server_args, *args, **kwargs)
     user = resolving_view(server_args)
     user_kv_dtype, user_page = user.kv_cache_dtype, user.page_size
     user_backend = (user.attention_backend, user.prefill_attention_backend, user.decode_attention_backend)
-    if _on_cpu():
+    if on_cpu_engine():
         with _no_cuda_capability():
             result = original(server_args, *args, **kwargs)
     else:
         result = original(server_args, *args, **kwargs)
     # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
     # the path this project runs (README, "On a GPU deployment").
-    if not _on_cpu() and user_backend == (None, None, None):
-        declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND_NAME)
+    if not on_cpu_engine() and user_backend == (None, None, None):
+        declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND)
     # The CPU cache keeps the model dtype (SGLang's DSA default picks a GPU cache dtype).
-    if _on_cpu() and user_kv_dtype == "auto":
+    if on_cpu_engine() and user_kv_dtype == "auto":
         declare_resolution(server_args, "sglang_glm", kv_cache_dtype="auto")
     # SGLang forces 64-token pages on DSA models and serves eagle topk > 1 with pages > 1 only on
     # flashinfer/fa3/triton; the plugin's backends serve tree drafts with page size 1.
@@ -74,13 +69,10 @@ def _no_prefill_cuda_graph(result, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
-    from sglang_glm.plugin import TRITON_BACKEND_NAME
-
     graphs = resolving_view(server_args).cuda_graph_config
     if graphs.prefill.backend == Backend.DISABLED or not is_glm_dsa(model_config_of(server_args).hf_config):
         return result
-    if attention_backends_of(resolved_view(server_args))[0] in (BACKEND_NAME, TRITON_BACKEND_NAME):
+    if attention_backends_of(resolved_view(server_args))[0] in PLUGIN_BACKENDS:
         logger.info("GLM-DSA with the plugin's attention backend: prefill runs without CUDA graphs")
         declare_resolution(
             server_args, "sglang_glm", cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED)
@@ -93,12 +85,10 @@ def _cpu_backends_with_dsa_default(original, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
-
     user_choice = resolving_view(server_args).attention_backend
     result = original(server_args, *args, **kwargs)
     if user_choice is None and is_glm_dsa(model_config_of(server_args).hf_config):
-        declare_resolution(server_args, "sglang_glm", attention_backend=BACKEND_NAME)
+        declare_resolution(server_args, "sglang_glm", attention_backend=TORCH_BACKEND)
     return result
 
 
@@ -106,12 +96,9 @@ def _plugin_draft_backend(factory) -> str | None:
     """The plugin backend EAGLE's draft passes of this draft runner run on, if any."""
     from sglang.srt.runtime_context import attention_backends
 
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
-    from sglang_glm.plugin import TRITON_BACKEND_NAME
-
     prefill, decode = attention_backends()
     name = factory.draft_attn_backend or decode or prefill
-    return name if name in (BACKEND_NAME, TRITON_BACKEND_NAME) else None
+    return name if name in PLUGIN_BACKENDS else None
 
 
 def _draft_decode_backend(original, factory, *args, **kwargs):
@@ -121,9 +108,9 @@ def _draft_decode_backend(original, factory, *args, **kwargs):
         return original(factory, *args, **kwargs)
     if factory.speculative_num_steps <= 1:
         return None
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME, TorchDSAMultiStepDraftBackend
+    from sglang_glm.attention.torch_dsa_backend import TorchDSAMultiStepDraftBackend
 
-    if name == BACKEND_NAME:
+    if name == TORCH_BACKEND:
         backend_class = TorchDSAMultiStepDraftBackend
     else:
         from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend as backend_class
@@ -166,13 +153,10 @@ def _spec_server_args():
 
 def _plugin_backend_in_use() -> bool:
     """Whether this process runs one of the plugin's attention backends (GLM-DSA's on CPU)."""
-    from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
-    from sglang_glm.plugin import TRITON_BACKEND_NAME
-
     try:
         from sglang.srt.runtime_context import attention_backends
 
-        return bool(set(attention_backends()) & {BACKEND_NAME, TRITON_BACKEND_NAME})
+        return bool(set(attention_backends()) & set(PLUGIN_BACKENDS))
     except Exception:  # no runtime context in this process yet
         return False
 
@@ -185,7 +169,7 @@ def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
     if is_glm_dsa(model_config_of(server_args).hf_config):
         from sglang_glm.mtp.validate import check_spec_args
 
-        check_spec_args(resolving_view(server_args), on_cpu=_on_cpu())
+        check_spec_args(resolving_view(server_args), on_cpu=on_cpu_engine())
     return result
 
 
@@ -244,7 +228,7 @@ def _guard_glm_dsa_request(original, manager, obj, input_text, input_ids, *args,
     tokenized = original(manager, obj, input_text, input_ids, *args, **kwargs)
     if hasattr(tokenized, "sampling_params"):  # generation, not embedding
         request_guard.check_tokenized(
-            tokenized, vocab, greedy_verify_only=_on_cpu() and _spec_server_args() is not None
+            tokenized, vocab, greedy_verify_only=on_cpu_engine() and _spec_server_args() is not None
         )
     return tokenized
 
@@ -334,7 +318,7 @@ def hooks() -> list[Hook]:
         Hook("sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
              _validate_glm_dsa_spec, "AROUND"),
     ]
-    if not _on_cpu():
+    if not on_cpu_engine():
         return everywhere
     return everywhere + [
         Hook("sglang.srt.distributed.parallel_state.init_model_parallel_group",

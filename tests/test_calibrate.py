@@ -275,18 +275,14 @@ def test_search_finds_the_free_layers(calibrated):
         assert (out / name).stat().st_size > 0
 
 
-@pytest.mark.slow
-def test_served_heldout_loss_matches_the_tool(calibrated, known_ckpt, data_files):
-    """sglang.Engine with the searched pattern as launch override: same held-out NLL."""
+def _served_heldout_nll(ckpt: Path, heldout: Path, pattern: str, max_tokens: int = MAX_TOKENS) -> float:
+    """Mean next-token NLL of the held-out windows from sglang.Engine serving `pattern`."""
     from serving import engine
 
-    _, result, _ = calibrated
-    pattern = result["pattern"]
-    want = next(r["searched_heldout"] for r in result["comparison"] if r["searched"] == pattern)
-    info = inspect_model(known_ckpt)
-    windows = load_sequences(data_files / "heldout.txt", load_tokenizer(known_ckpt), info,
-                             seq_len=SEQ_LEN, max_tokens=MAX_TOKENS).token_ids
-    with engine(known_ckpt, skip_tokenizer_init=True,
+    info = inspect_model(ckpt)
+    windows = load_sequences(heldout, load_tokenizer(ckpt), info,
+                             seq_len=SEQ_LEN, max_tokens=max_tokens).token_ids
+    with engine(ckpt, skip_tokenizer_init=True,
                 json_model_override_args={"index_topk_pattern": pattern}) as llm:
         outs = llm.generate(
             input_ids=[list(w) for w in windows],
@@ -295,7 +291,40 @@ def test_served_heldout_loss_matches_the_tool(calibrated, known_ckpt, data_files
         )
     nll = [-lp for o in outs for lp, _, _ in o["meta_info"]["input_token_logprobs"][1:]]
     assert len(nll) == sum(len(w) - 1 for w in windows)
-    served = sum(nll) / len(nll)
+    return sum(nll) / len(nll)
+
+
+@pytest.mark.slow
+def test_served_heldout_loss_matches_the_tool(calibrated, known_ckpt, data_files):
+    """sglang.Engine with the searched pattern as launch override: same held-out NLL."""
+    _, result, _ = calibrated
+    pattern = result["pattern"]
+    want = next(r["searched_heldout"] for r in result["comparison"] if r["searched"] == pattern)
+    served = _served_heldout_nll(known_ckpt, data_files / "heldout.txt", pattern)
+    assert abs(served - want) < 1e-4, (served, want)
+
+
+@pytest.mark.slow
+def test_vocab_sglang_pads(data_files, tmp_path):
+    """A 300-token vocabulary, which SGLang pads to 320 lm-head rows: the tool's logits and losses
+    cover the 300 real tokens (self-check exact, held-out NLL as served)."""
+    ckpt = make_tiny_checkpoint(
+        tmp_path / "vocab300", config_overrides={"vocab_size": 300, "index_topk": TOPK}, seed=5
+    )
+    out = tmp_path / "out"
+    max_tokens = 256
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_glm.calibrate", "--model", str(ckpt), "--full-layers", "3",
+         "--data", str(data_files / "calib.txt"), "--heldout", str(data_files / "heldout.txt"),
+         "--seq-len", str(SEQ_LEN), "--max-tokens", str(max_tokens), "--no-baseline",
+         "--no-overlap", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert result["self_check_max_abs_logit_diff"] == 0.0
+    want = next(r["searched_heldout"] for r in result["comparison"] if r["searched"] == result["pattern"])
+    served = _served_heldout_nll(ckpt, data_files / "heldout.txt", result["pattern"], max_tokens)
     assert abs(served - want) < 1e-4, (served, want)
 
 

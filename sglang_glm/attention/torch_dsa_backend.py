@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_glm.attention.backends import TORCH_BACKEND, DsaIndexBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
 
 if TYPE_CHECKING:
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
 
     from sglang_glm.attention.kv_pool import TorchDSAKVPool
 
-BACKEND_NAME = "glm_dsa_torch"
 # Upper bound on elements of one gathered [queries, top-k, dim] block, to bound CPU memory.
 _MAX_BLOCK_ELEMS = 1 << 25
 
@@ -64,7 +64,7 @@ class DSAForwardMetadata:
         return visible
 
 
-class TorchDSABackend(AttentionBackend):
+class TorchDSABackend(AttentionBackend, DsaIndexBackend):
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
         self.device = model_runner.device
@@ -72,14 +72,14 @@ class TorchDSABackend(AttentionBackend):
         self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
         if self.token_to_kv_pool.fp8:
             raise ValueError(
-                f"{BACKEND_NAME} reads KV rows in the model dtype or bfloat16; --kv-cache-dtype "
+                f"{TORCH_BACKEND} reads KV rows in the model dtype or bfloat16; --kv-cache-dtype "
                 "fp8_e4m3 needs --attention-backend glm_dsa_triton"
             )
         self.forward_metadata: Optional[DSAForwardMetadata] = None
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError(
-            f"{BACKEND_NAME} lays out every batch on the host and runs eagerly: start the server "
+            f"{TORCH_BACKEND} lays out every batch on the host and runs eagerly: start the server "
             "with --disable-cuda-graph, or use --attention-backend glm_dsa_triton (CUDA graphs)"
         )
 
@@ -167,7 +167,7 @@ class TorchDSABackend(AttentionBackend):
     ) -> torch.Tensor:
         if topk_indices is None:
             raise ValueError(
-                f"{BACKEND_NAME} is a sparse-attention backend: layer {layer.layer_id} must pass "
+                f"{TORCH_BACKEND} is a sparse-attention backend: layer {layer.layer_id} must pass "
                 "topk_indices from the top-k buffer"
             )
         if save_kv_cache and k is not None:

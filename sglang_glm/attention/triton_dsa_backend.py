@@ -25,8 +25,8 @@ from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd
 from glm_dsa_kernels.topk_select import topk_positions
+from sglang_glm.attention.backends import TRITON_BACKEND, DsaIndexBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
-from sglang_glm.plugin import TRITON_BACKEND_NAME as BACKEND_NAME
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -47,13 +47,13 @@ class TritonDSAMetadata:
     draft_start: Optional[torch.Tensor] = None  # [T] position of the request's first draft slot
 
 
-class TritonDSABackend(AttentionBackend):
+class TritonDSABackend(AttentionBackend, DsaIndexBackend):
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
         self.page = model_runner.page_size
         if self.page not in (1, INDEX_PAGE):
             raise ValueError(
-                f"{BACKEND_NAME} reads the index-K cache in SGLang's {INDEX_PAGE}-token pages (or token "
+                f"{TRITON_BACKEND} reads the index-K cache in SGLang's {INDEX_PAGE}-token pages (or token "
                 f"slots with --page-size 1); the server runs with --page-size {self.page}"
             )
         self.device = model_runner.device
@@ -201,7 +201,7 @@ class TritonDSABackend(AttentionBackend):
     def _forward(self, q, k, layer, forward_batch, save_kv_cache, k_rope=None, topk_indices=None, **unused):
         if topk_indices is None:
             raise ValueError(
-                f"{BACKEND_NAME} is a sparse-attention backend: layer {layer.layer_id} must pass "
+                f"{TRITON_BACKEND} is a sparse-attention backend: layer {layer.layer_id} must pass "
                 "topk_indices from the top-k buffer"
             )
         pool = self.token_to_kv_pool
@@ -229,7 +229,7 @@ class TritonDSAMultiStepDraftBackend:
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
         if topk > 1 and model_runner.page_size != 1:
             raise ValueError(
-                f"{BACKEND_NAME} serves tree drafts (--speculative-eagle-topk {topk}) with page size 1; "
+                f"{TRITON_BACKEND} serves tree drafts (--speculative-eagle-topk {topk}) with page size 1; "
                 f"the server runs with --page-size {model_runner.page_size}"
             )
         self.topk = topk

@@ -3,9 +3,9 @@
 Set-up follows `sglang.benchmark.one_batch` (load_model / extend): SGLang builds the
 `ModelRunner` (weights, KV pool, the plugin's attention backend) and a `ForwardBatch` per group of
 calibration sequences, with no server, scheduler or tokenizer process. The forward itself runs
-the plugin's own modules - `GlmDsaModel.forward(..., plan=...)` for whole forwards, and the same
-loop over `model.model.layers` started at any layer for candidate plans - so a candidate needs no
-restart and no second copy of the model.
+the plugin's own modules - `GlmDsaModel.forward(..., plan=...)` for whole forwards, and the
+model's own layer loop `GlmDsaModel.run_layers` started at any layer for candidate plans - so a
+candidate needs no restart and no second copy of the model.
 
 Caching (what a candidate does not change): a candidate plan differs from the current plan only
 from the layer it makes shared, so the residual stream entering that layer, and the top-k rows the
@@ -55,8 +55,8 @@ class LayerState:
 
     hidden: torch.Tensor
     residual: Optional[torch.Tensor]
-    topk: Optional[torch.Tensor]
-    topk_source: Optional[int]
+    topk: torch.Tensor
+    topk_source: int
 
 
 @dataclass
@@ -94,14 +94,14 @@ class InProcessModel:
         from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
         from sglang.srt.server_args import PortArgs, ServerArgs
 
-        from sglang_glm.attention.torch_dsa_backend import BACKEND_NAME
+        from sglang_glm.attention.backends import TORCH_BACKEND, on_cpu_engine
 
         self.info = info
         self.built_plan = info.start_plan
         page = 64  # SGLang's DSA page size: every request rounds its slots up to it
         server_args = ServerArgs(
             model_path=str(info.path),
-            device="cpu" if not torch.cuda.is_available() else "cuda",
+            device="cpu" if on_cpu_engine() else "cuda",
             dtype=dtype,
             disable_cuda_graph=True,
             max_total_tokens=max_total_tokens + page * (max_requests + 1),
@@ -109,7 +109,7 @@ class InProcessModel:
             log_level=log_level,
             skip_tokenizer_init=True,
             json_model_override_args=json.dumps({"index_topk_pattern": self.built_plan.pattern}),
-            **({"attention_backend": BACKEND_NAME} if not torch.cuda.is_available() else {}),
+            **({"attention_backend": TORCH_BACKEND} if on_cpu_engine() else {}),
         )
         server_args.resolve_once()
         _set_envs_and_config(server_args)
@@ -217,17 +217,27 @@ class InProcessModel:
         capture: Callable[[int], bool] = lambda layer: False,
         on_topk: Optional[Callable[[int, torch.Tensor], None]] = None,
     ) -> torch.Tensor:
-        """`GlmDsaModel.forward`'s loop from layer `start` (its entering state from the cache).
+        """Final (normed) hidden states of `GlmDsaModel.run_layers` from layer `start` (its entering
+        state from the cache).
 
         `capture(i)` says which entering states to cache into `batch.states`; `on_topk(i, rows)`
         sees the top-k rows each layer that runs its indexer writes.
         """
-        from sglang_glm.models.glm_dsa import check_plan_servable
-
         inner = self.model.model
-        check_plan_servable(plan, inner.plan)
         fb = batch.forward_batch
         buffer = inner.topk_buffer
+
+        def after_layer(i: int, hidden: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
+            if on_topk is not None and plan.is_full(i):
+                on_topk(i, buffer.read(i))
+            if i + 1 < inner.end_layer and capture(i + 1):
+                batch.states[i + 1] = LayerState(
+                    hidden.clone(),
+                    None if residual is None else residual.clone(),
+                    buffer.read(i).clone(),
+                    buffer.source_layer,
+                )
+
         with self._context(batch):
             buffer.begin_forward(batch.num_tokens)
             if start == 0:
@@ -235,29 +245,23 @@ class InProcessModel:
             else:
                 state = batch.states[start]
                 hidden, residual = state.hidden, state.residual
-                if state.topk_source is not None:
-                    buffer.write(state.topk_source, state.topk)
-            for i in range(start, len(inner.layers)):
-                if i > 0 and capture(i):
-                    batch.states[i] = LayerState(
-                        hidden.clone(),
-                        None if residual is None else residual.clone(),
-                        None if buffer.source_layer is None else buffer.read(i).clone(),
-                        buffer.source_layer,
-                    )
-                hidden, residual = inner.layers[i](
-                    fb.positions, hidden, residual, fb, buffer, plan.is_full(i)
-                )
-                if on_topk is not None and plan.is_full(i):
-                    on_topk(i, buffer.read(i))
+                buffer.write(state.topk_source, state.topk)
+            hidden, residual = inner.run_layers(
+                fb.positions, fb, plan, hidden, residual, start, inner.end_layer, after_layer
+            )
             hidden, _ = inner.norm(hidden, residual)
         return hidden
 
     # ---- loss -------------------------------------------------------------------------------
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the checkpoint's vocabulary: SGLang pads the lm head's rows to a multiple
+        of 64 (300 -> 320), and, as its `LogitsProcessor` does, the padded columns are dropped."""
+        weight = self.model.lm_head.weight[: self.model.config.vocab_size]
+        return hidden @ weight.T
+
     def logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.lm_head.weight
-        return torch.log_softmax((hidden @ weight.T).float(), dim=-1)
+        return torch.log_softmax(self.logits(hidden).float(), dim=-1)
 
     def nll(self, batch: Batch, hidden: torch.Tensor, chunk: int = 4096) -> tuple[float, int]:
         """Sum of next-token negative log-likelihoods over the batch, and their count."""
@@ -282,7 +286,7 @@ class InProcessModel:
         return total, count
 
     def self_check(self, batch: Batch) -> float:
-        """SGLang's own `ModelRunner.forward` vs this module's loop: max |logit difference|."""
+        """SGLang's own `ModelRunner.forward` vs `forward_layers`: max |logit difference|."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
         mr = self.model_runner
@@ -291,7 +295,7 @@ class InProcessModel:
             served = mr.forward(fb).logits_output.next_token_logits
         hidden = self.forward_layers(batch, self.built_plan)
         ends = torch.cumsum(torch.tensor([len(r.origin_input_ids) for r in batch.reqs]), 0) - 1
-        ours = hidden[ends.to(hidden.device)] @ self.model.lm_head.weight.T
+        ours = self.logits(hidden[ends.to(hidden.device)])
         return float((ours.float() - served.float()).abs().max())
 
 

@@ -8,13 +8,15 @@ import os
 import sys
 from pathlib import Path
 
+from sglang_glm.attention.backends import CPU_ENGINE_ENV
+
 STUBS_DIR = Path(__file__).parent / "stubs"
 
 # What SGLang's CPU path needs (see README "Running on CPU"): the CPU engine switch, no
 # torch.compile of the MoE top-k (needs a compiler; tokens are identical), and the stand-in
 # `sgl_kernel` importable in every process SGLang spawns.
 CPU_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
+    CPU_ENGINE_ENV: "1",
     "TORCHDYNAMO_DISABLE": "1",
 }
 

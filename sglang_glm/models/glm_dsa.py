@@ -9,14 +9,13 @@ reads the indices the most recent full layer wrote into the one `TopkBuffer`.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 from torch import nn
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
-from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
@@ -24,13 +23,19 @@ from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabPara
 from sglang.srt.layers.utils import PPMissingLayer
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
 from sglang.srt.model_executor.forward_context import get_attn_backend
-from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE, pp_stage_needs_embedding
-from sglang.srt.runtime_context import get_parallel, get_server_args, get_spec
+from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.utils import add_prefix, make_pp_layers
 
-from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
-from sglang_glm.models.weights import CheckpointAccounting
+from sglang_glm.attention.backends import DsaIndexBackend
+from sglang_glm.layer_plan import LayerPlan
+from sglang_glm.models.weights import (
+    CheckpointAccounting,
+    dequantized_weight,
+    expert_params_mapping,
+    load_tensor,
+)
+from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings, module_config
 from sglang_glm.topk_buffer import TopkBuffer
 
 logger = logging.getLogger(__name__)
@@ -53,8 +58,9 @@ def _rope(config, rotary_dim: int, interleave: bool):
 class GlmDsaIndexer(nn.Module):
     """Lightning indexer of a full layer: scores every cached key, keeps the top-k per query."""
 
-    def __init__(self, config, quant_config: Optional[QuantizationConfig], prefix: str):
+    def __init__(self, config, layer_id: int, quant_config: Optional[QuantizationConfig], prefix: str):
         super().__init__()
+        self.layer_id = layer_id
         self.n_heads = config.index_n_heads
         self.head_dim = config.index_head_dim
         self.rope_dim = config.qk_rope_head_dim
@@ -75,7 +81,7 @@ class GlmDsaIndexer(nn.Module):
         )
         self.rotary_emb = _rope(config, self.rope_dim, getattr(config, "indexer_rope_interleave", True))
 
-    def forward(self, hidden_states, q_lora, positions, forward_batch, backend) -> torch.Tensor:
+    def forward(self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend) -> torch.Tensor:
         q, _ = self.wq_b(q_lora)
         q = q.view(-1, self.n_heads, self.head_dim)
         k, _ = self.wk(hidden_states)
@@ -92,33 +98,24 @@ class GlmDsaIndexer(nn.Module):
         return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
 
 
-def _sglang_dsa_serves_attention() -> bool:
-    """True where SGLang's own CUDA `dsa` backend runs attention (GPU deployments, the default)."""
-    from sglang.srt.runtime_context import attention_backends
-
-    return "dsa" in attention_backends()
-
-
-def build_indexer(config, layer_id: int, quant_config, prefix: str) -> nn.Module:
+def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config, prefix: str) -> nn.Module:
     """The indexer of a full layer, matching the attention backend that consumes its top-k.
 
     SGLang's `dsa` backend reads index keys from its FP8 index-K pool, which only SGLang's own
     indexer writes, so with it the layer owns SGLang's `Indexer` (not run here: FlashMLA and
     DeepGEMM cannot be installed on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
     """
-    if _sglang_dsa_serves_attention():
+    if settings.indexer == SGLANG_INDEXER:
         from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
 
         return SGLangDsaIndexer.for_glm(config, layer_id, quant_config, prefix)
-    indexer = GlmDsaIndexer(config, quant_config, prefix)
-    indexer.layer_id = layer_id
-    return indexer
+    return GlmDsaIndexer(config, layer_id, quant_config, prefix)
 
 
 class GlmDsaAttention(nn.Module):
     """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
 
-    def __init__(self, config, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+    def __init__(self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str):
         super().__init__()
         tp_size = get_parallel().attn_tp_size
         self.layer_id = layer_id
@@ -152,7 +149,7 @@ class GlmDsaAttention(nn.Module):
         )
         self.rotary_emb = _rope(config, self.qk_rope_head_dim, getattr(config, "rope_interleave", True))
         if has_indexer:
-            self.indexer = build_indexer(config, layer_id, quant_config, add_prefix("indexer", prefix))
+            self.indexer = build_indexer(config, settings, layer_id, quant_config, add_prefix("indexer", prefix))
         # Absorbed MLA: attention runs on [latent | rope] rows of width kv_lora_rank + rope.
         self.attn = RadixAttention(
             self.num_heads,
@@ -218,11 +215,11 @@ class GlmDsaAttention(nn.Module):
 
 
 class GlmDsaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+    def __init__(self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = GlmDsaAttention(
-            config, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
+            config, settings, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
         )
         mlp_types = getattr(config, "mlp_layer_types", None)
         is_moe = (
@@ -262,9 +259,9 @@ class GlmDsaDecoderLayer(nn.Module):
 class GlmDsaModel(nn.Module):
     """The decoder stack; under pipeline parallelism this rank's stage [start_layer, end_layer)."""
 
-    def __init__(self, config, plan: LayerPlan, quant_config, prefix: str = ""):
+    def __init__(self, config, settings: GlmDsaSettings, quant_config, prefix: str = ""):
         super().__init__()
-        self.plan = plan
+        self.plan = plan = settings.plan
         self.pp_group = get_parallel().pp_group
         if pp_stage_needs_embedding(self.pp_group, get_spec().speculative_algorithm):
             self.embed_tokens = VocabParallelEmbedding(
@@ -274,18 +271,17 @@ class GlmDsaModel(nn.Module):
             self.embed_tokens = PPMissingLayer()
         self.layers, self.start_layer, self.end_layer = make_pp_layers(
             config.num_hidden_layers,
-            lambda idx, prefix: GlmDsaDecoderLayer(config, idx, plan.is_full(idx), quant_config, prefix),
+            lambda idx, prefix: GlmDsaDecoderLayer(config, settings, idx, plan.is_full(idx), quant_config, prefix),
             prefix=add_prefix("layers", prefix),
         )
         if self.pp_group.is_last_rank:
             self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         else:
             self.norm = PPMissingLayer(return_tuple=True)
-        self.topk_buffer = TopkBuffer(config.index_topk)
+        self.topk_buffer = TopkBuffer(settings.index_topk)
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None, plan=None, pp_proxy_tensors=None):
         plan = plan or self.plan
-        check_plan_servable(plan, self.plan)
         self.topk_buffer.begin_forward(positions.shape[0])
         if self.pp_group.is_first_rank:
             hidden_states = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
@@ -295,10 +291,9 @@ class GlmDsaModel(nn.Module):
             if not plan.is_full(self.start_layer):
                 # A stage that starts at a shared layer reuses the previous stage's top-k.
                 self.topk_buffer.write(plan.source_layer(self.start_layer), pp_proxy_tensors["topk_indices"])
-        for i in range(self.start_layer, self.end_layer):
-            hidden_states, residual = self.layers[i](
-                positions, hidden_states, residual, forward_batch, self.topk_buffer, plan.is_full(i)
-            )
+        hidden_states, residual = self.run_layers(
+            positions, forward_batch, plan, hidden_states, residual, self.start_layer, self.end_layer
+        )
         if not self.pp_group.is_last_rank:
             tensors = {"hidden_states": hidden_states, "residual": residual}
             if not plan.is_full(self.end_layer):
@@ -306,6 +301,33 @@ class GlmDsaModel(nn.Module):
             return PPProxyTensors(tensors)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+
+    def run_layers(
+        self,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        plan: LayerPlan,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        start: int,
+        end: int,
+        after_layer: Optional[Callable[[int, torch.Tensor, Optional[torch.Tensor]], None]] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Layers [start, end) with `plan`, from the residual stream entering layer `start`.
+
+        The top-k buffer must hold what layer `start` reads (begun, and written if it is shared).
+        `after_layer(i, hidden_states, residual)` runs after layer i: tools read the top-k buffer
+        or keep the state entering layer i + 1 there (calibration).
+        """
+        check_plan_servable(plan, self.plan)
+        for i in range(start, end):
+            hidden_states, residual = self.layers[i](
+                positions, hidden_states, residual, forward_batch, self.topk_buffer, plan.is_full(i)
+            )
+            if after_layer is not None:
+                after_layer(i, hidden_states, residual)
+        return hidden_states, residual
 
 
 def check_plan_servable(plan: LayerPlan, built: LayerPlan) -> None:
@@ -320,38 +342,26 @@ def check_plan_servable(plan: LayerPlan, built: LayerPlan) -> None:
         )
 
 
-def _server_override_args() -> str:
-    try:
-        return get_server_args().json_model_override_args or "{}"
-    except Exception:  # no server args outside a server process (e.g. tools)
-        return "{}"
-
-
-def _apply_glm_defaults(config) -> None:
-    """Fill routing fields SGLang's MoE reads but transformers' GlmMoeDsaConfig omits."""
-    for name, value in (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
-        if getattr(config, name, None) is None:
-            setattr(config, name, value)
-
-
 class GlmMoeDsaForCausalLM(nn.Module):
     def __init__(
         self,
         config,
         quant_config: Optional[QuantizationConfig] = None,
         prefix: str = "",
-        plan: Optional[LayerPlan] = None,
+        settings: Optional[GlmDsaSettings] = None,
     ):
         super().__init__()
-        _apply_glm_defaults(config)
-        self.plan = plan or resolve_layer_plan(config, _server_override_args())
-        # Every SGLang component that reads the plan from the config (KV pool) sees this one.
+        self.settings = settings or GlmDsaSettings.for_this_process(config)
+        self.plan = self.settings.plan
+        # The one write to SGLang's config: its KV pool reads the plan from there (no index-K
+        # cache for shared layers), so it must see the plan the model was built with.
         config.indexer_types = list(self.plan.kinds)
         config.index_topk_pattern = self.plan.pattern
         logger.info(self.plan.describe())
+        config = module_config(config)
         self.config = config
         self.quant_config = quant_config
-        self.model = GlmDsaModel(config, self.plan, quant_config, add_prefix("model", prefix))
+        self.model = GlmDsaModel(config, self.settings, quant_config, add_prefix("model", prefix))
         if self.model.pp_group.is_last_rank:
             self.lm_head = ParallelLMHead(
                 config.vocab_size, config.hidden_size, prefix=add_prefix("lm_head", prefix)
@@ -405,74 +415,30 @@ class GlmMoeDsaForCausalLM(nn.Module):
 
     # ---- weights ----------------------------------------------------------------------------
 
-    stacked_params_mapping = [
-        # (param_name, checkpoint shard name, shard_id)
-        ("gate_up_proj", "gate_proj", 0),
-        ("gate_up_proj", "up_proj", 1),
-    ]
-
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
         accounting = CheckpointAccounting(self.config, self.plan, self.start_layer, self.end_layer, params)
-        expert_mapping = FusedMoE.make_expert_params_mapping(
-            ckpt_gate_proj_name="gate_proj",
-            ckpt_down_proj_name="down_proj",
-            ckpt_up_proj_name="up_proj",
-            num_experts=self.config.n_routed_experts,
-        )
+        expert_mapping = expert_params_mapping(self.config)
         pending_fused: dict = {}
         for name, tensor in weights:
             if not accounting.admit(name, tensor):
                 continue
             fused = name.rsplit(".indexer.", 1)[0] + ".indexer.wk_weights_proj.weight"
-            if (".indexer.wk." in name or ".indexer.weights_proj." in name) and fused in params:
-                # SGLang's CUDA indexer (GPU `dsa` backend) keeps wk and weights_proj fused.
+            if (
+                self.settings.indexer == SGLANG_INDEXER
+                and (".indexer.wk." in name or ".indexer.weights_proj." in name)
+                and fused in params
+            ):
+                # SGLang's CUDA indexer keeps wk and weights_proj fused where its kernels allow.
                 from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
 
                 SGLangDsaIndexer.load_fused_shard(name, tensor, params, pending_fused, self.quant_config)
                 accounting.loaded.add(fused)
                 continue
-            accounting.loaded.add(self._load_one(params, expert_mapping, name, tensor))
+            accounting.loaded.add(load_tensor(params, expert_mapping, name, tensor, type(self).__name__))
         accounting.finish(params)
         for layer in self.model.layers[self.start_layer : self.end_layer]:
-            layer.self_attn.absorb_kv_b_proj(_dequantized_weight(layer.self_attn.kv_b_proj))
-
-    def _load_one(self, params, expert_mapping, name: str, tensor: torch.Tensor) -> str:
-        for param_name, shard_name, shard_id in self.stacked_params_mapping:
-            if f".{shard_name}." not in name or ".experts." in name:  # routed experts below
-                continue
-            target = name.replace(shard_name, param_name)
-            if target in params:
-                params[target].weight_loader(params[target], tensor, shard_id)
-                return target
-        for param_name, shard_name, expert_id, shard_id in expert_mapping:
-            if shard_name not in name or "shared_experts" in name:
-                continue
-            target = name.replace(shard_name, param_name)
-            params[target].weight_loader(
-                params[target], tensor, target, shard_id=shard_id, expert_id=expert_id
-            )
-            return target
-        if name not in params:
-            raise KeyError(
-                f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}; "
-                "the checkpoint does not match this GLM-DSA model"
-            )
-        param = params[name]
-        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-        return name
-
-
-def _dequantized_weight(linear: nn.Module) -> torch.Tensor:
-    """kv_b_proj's weight in floating point (FP8 block-quantized checkpoints carry scales)."""
-    weight = linear.weight
-    if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
-        return weight.data
-    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
-
-    scale = getattr(linear, "weight_scale_inv", None)
-    block = linear.quant_method.quant_config.weight_block_size
-    return block_quant_dequant(weight.data, scale.data, block, torch.get_default_dtype())
+            layer.self_attn.absorb_kv_b_proj(dequantized_weight(layer.self_attn.kv_b_proj))
 
 
 EntryClass = [GlmMoeDsaForCausalLM]

@@ -17,8 +17,6 @@ Two policies (sglang_glm.mtp):
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import re
 from typing import Iterable, Optional
@@ -27,22 +25,17 @@ import torch
 from torch import nn
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.logits_processor import LogitsProcessor
-from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.utils import add_prefix
 
-from sglang_glm.models.glm_dsa import (
-    GlmDsaDecoderLayer,
-    GlmMoeDsaForCausalLM,
-    _apply_glm_defaults,
-    _dequantized_weight,
-    _server_override_args,
-)
+from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
+from sglang_glm.models.weights import dequantized_weight, expert_params_mapping, load_tensor
 from sglang_glm.mtp import trace
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
-from sglang_glm.mtp.recycle import POST_NORM, resolve_recycle_policy
+from sglang_glm.mtp.recycle import POST_NORM
+from sglang_glm.settings import GlmDsaSettings, module_config
 from sglang_glm.topk_buffer import TopkBuffer
 
 logger = logging.getLogger(__name__)
@@ -58,14 +51,14 @@ _MTP_COPIES = ("embed_tokens.", "shared_head.head.")
 
 def _mtp_layer_config(config):
     """Config for the draft's decoder layer: layer 0 of a one-layer model, MoE like GLM's MTP."""
-    cfg = copy.copy(config)
+    cfg = module_config(config)
     cfg.mlp_layer_types = ["sparse" if getattr(config, "n_routed_experts", 0) else "dense"]
     cfg.first_k_dense_replace = 0 if cfg.mlp_layer_types[0] == "sparse" else 1
     return cfg
 
 
 class GlmDsaModelNextN(nn.Module):
-    def __init__(self, config, quant_config: Optional[QuantizationConfig], prefix: str = ""):
+    def __init__(self, config, settings: GlmDsaSettings, quant_config: Optional[QuantizationConfig], prefix: str = ""):
         super().__init__()
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(
@@ -78,12 +71,12 @@ class GlmDsaModelNextN(nn.Module):
         # The MTP layer always owns an indexer (always full), even when the target's plan
         # marks its last layers shared.
         self.decoder = GlmDsaDecoderLayer(
-            _mtp_layer_config(config), DRAFT_LAYER_ID, True, quant_config,
+            _mtp_layer_config(config), settings, DRAFT_LAYER_ID, True, quant_config,
             add_prefix("decoder", prefix),
         )
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.topk_buffer = TopkBuffer(config.index_topk)
+        self.topk_buffer = TopkBuffer(settings.index_topk)
 
     def forward(self, input_ids, positions, forward_batch, topk_rows: Optional[torch.Tensor]):
         """Returns (pre-norm hidden x, post-norm hidden shared_head.norm(x)).
@@ -105,15 +98,13 @@ class GlmDsaModelNextN(nn.Module):
 
 
 class GlmMoeDsaForCausalLMNextN(nn.Module):
-    def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = ""):
+    def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = "",
+                 settings: Optional[GlmDsaSettings] = None):
         super().__init__()
-        _apply_glm_defaults(config)
-        self.config = config
-        self.quant_config = quant_config
-        override = json.loads(_server_override_args() or "{}")
-        self.recycle = resolve_recycle_policy(config, override)
-        self.index_share = bool(getattr(config, "index_share_for_mtp_iteration", False))
-        self.model = GlmDsaModelNextN(config, quant_config, add_prefix("model", prefix))
+        # The target's settings, resolved from the same config and launch.
+        self.settings = settings = settings or GlmDsaSettings.for_this_process(config)
+        self.config = config = module_config(config)
+        self.model = GlmDsaModelNextN(config, settings, quant_config, add_prefix("model", prefix))
         self.lm_head = ParallelLMHead(
             config.vocab_size, config.hidden_size, prefix=add_prefix("model.shared_head.head", prefix)
         )
@@ -121,9 +112,9 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         self._shared: Optional[SharedTopkTable] = None  # allocate_forward_buffers
         logger.info(
             "GLM-DSA MTP draft: carry=%s, index_share_for_mtp_iteration=%s (MTP indexer %s)",
-            self.recycle, self.index_share,
+            self.settings.recycle, self.settings.index_share,
             "runs once per round, draft steps 1+ reuse the last accepted token's top-k"
-            if self.index_share else "runs in every draft step",
+            if self.settings.index_share else "runs in every draft step",
         )
 
     # ---- embedding / head shared with the target ----------------------------------------------
@@ -142,23 +133,23 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
     def allocate_forward_buffers(self, max_tokens: int, max_requests: int, device) -> None:
         """Once, when SGLang builds this runner's attention backends: fixed addresses for CUDA graphs."""
         self.model.topk_buffer.allocate(max_tokens, device)
-        if self.index_share:
-            self._shared = SharedTopkTable(max_requests, self.config.index_topk, device=device)
+        if self.settings.index_share:
+            self._shared = SharedTopkTable(max_requests, self.settings.index_topk, device=device)
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, **unused):
         mode = forward_batch.forward_mode
         is_draft_step = mode.is_decode()  # EAGLE's multi-step draft forwards (draft steps 1+)
         topk_rows = None
-        if is_draft_step and self.index_share:
+        if is_draft_step and self.settings.index_share:
             per_request = input_ids.shape[0] // forward_batch.batch_size
             topk_rows = self._shared.rows_for_draft(
                 forward_batch.req_pool_indices, per_request
             )
         pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
-        if not is_draft_step and self.index_share and not mode.is_idle():
+        if not is_draft_step and self.settings.index_share and not mode.is_idle():
             self._store_last_accepted(forward_batch)
-        aux = None if self.recycle == POST_NORM else [pre]
+        aux = None if self.settings.recycle == POST_NORM else [pre]
         out = self.logits_processor(input_ids, post, self.lm_head, forward_batch, aux_hidden_states=aux)
         if trace.enabled():
             self._trace(forward_batch, out, ran_indexer=topk_rows is None, is_draft_step=is_draft_step)
@@ -184,8 +175,8 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
             mode=str(forward_batch.forward_mode),
             ran_indexer=ran_indexer,
             draft_has_indexer=self.model.decoder.self_attn.has_indexer,
-            index_share=self.index_share,
-            recycle=self.recycle,
+            index_share=self.settings.index_share,
+            recycle=self.settings.recycle,
             req_pool_indices=forward_batch.req_pool_indices,
             seq_lens=forward_batch.seq_lens,
             positions=forward_batch.positions,
@@ -196,9 +187,6 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         )
 
     # ---- weights --------------------------------------------------------------------------------
-
-    stacked_params_mapping = GlmMoeDsaForCausalLM.stacked_params_mapping
-    _load_one = GlmMoeDsaForCausalLM._load_one
 
     def _draft_name(self, name: str) -> Optional[str]:
         """Checkpoint name -> draft parameter name, None for tensors the draft does not load."""
@@ -214,18 +202,13 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
-        expert_mapping = FusedMoE.make_expert_params_mapping(
-            ckpt_gate_proj_name="gate_proj",
-            ckpt_down_proj_name="down_proj",
-            ckpt_up_proj_name="up_proj",
-            num_experts=self.config.n_routed_experts,
-        )
+        expert_mapping = expert_params_mapping(self.config)
         loaded = set()
         for name, tensor in weights:
             draft_name = self._draft_name(name)
             if draft_name is None:
                 continue
-            loaded.add(self._load_one(params, expert_mapping, draft_name, tensor))
+            loaded.add(load_tensor(params, expert_mapping, draft_name, tensor, type(self).__name__))
         need = {
             n for n in params
             if not n.startswith(("model.embed_tokens.", "lm_head."))
@@ -238,7 +221,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
                 "EAGLE/NEXTN needs a checkpoint with its MTP layer (num_nextn_predict_layers: 1)"
             )
         attn = self.model.decoder.self_attn
-        attn.absorb_kv_b_proj(_dequantized_weight(attn.kv_b_proj))
+        attn.absorb_kv_b_proj(dequantized_weight(attn.kv_b_proj))
 
 
 EntryClass = [GlmMoeDsaForCausalLMNextN]

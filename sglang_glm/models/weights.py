@@ -1,4 +1,8 @@
-"""Checkpoint accounting for GLM-DSA loading: what is skipped, what must be there.
+"""GLM-DSA weight loading shared by the target and the MTP draft, and checkpoint accounting.
+
+`load_tensor` puts one checkpoint tensor into its parameter (stacked gate/up, routed experts,
+plain); `dequantized_weight` gives kv_b_proj in floating point for MLA absorption.
+Accounting: what is skipped, what must be there.
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
 log line; a full layer missing indexer tensors, or tensors for layers the model does not have,
@@ -13,6 +17,9 @@ import logging
 import re
 
 import torch
+from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from torch import nn
 
 from sglang_glm.layer_plan import LayerPlan
 
@@ -23,6 +30,61 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 class CheckpointError(ValueError):
     pass
+
+
+# (param_name, checkpoint shard name, shard_id) of SGLang's merged dense MLP projection.
+STACKED_PARAMS_MAPPING = [
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+]
+
+
+def expert_params_mapping(config) -> list:
+    """SGLang's FusedMoE mapping from checkpoint expert tensors to its stacked expert parameters."""
+    return FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=config.n_routed_experts,
+    )
+
+
+def load_tensor(params: dict, expert_mapping: list, name: str, tensor: torch.Tensor, model: str) -> str:
+    """Load one checkpoint tensor (named as the model's parameters are) and return the parameter
+    it went into; `model` names the model in the error for a tensor it has no parameter for."""
+    for param_name, shard_name, shard_id in STACKED_PARAMS_MAPPING:
+        if f".{shard_name}." not in name or ".experts." in name:  # routed experts below
+            continue
+        target = name.replace(shard_name, param_name)
+        if target in params:
+            params[target].weight_loader(params[target], tensor, shard_id)
+            return target
+    for param_name, shard_name, expert_id, shard_id in expert_mapping:
+        if shard_name not in name or "shared_experts" in name:
+            continue
+        target = name.replace(shard_name, param_name)
+        params[target].weight_loader(params[target], tensor, target, shard_id=shard_id, expert_id=expert_id)
+        return target
+    if name not in params:
+        raise KeyError(
+            f"checkpoint tensor {name!r} has no parameter in {model}; "
+            "the checkpoint does not match this GLM-DSA model"
+        )
+    param = params[name]
+    getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+    return name
+
+
+def dequantized_weight(linear: nn.Module) -> torch.Tensor:
+    """A linear layer's weight in floating point (FP8 block-quantized checkpoints carry scales)."""
+    weight = linear.weight
+    if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        return weight.data
+    from sglang.srt.layers.quantization.fp8_utils import block_quant_dequant
+
+    scale = getattr(linear, "weight_scale_inv", None)
+    block = linear.quant_method.quant_config.weight_block_size
+    return block_quant_dequant(weight.data, scale.data, block, torch.get_default_dtype())
 
 
 # Tensors outside the decoder layers, and the module that holds each (absent on some PP stages).
