@@ -15,7 +15,8 @@ the model):
   round 5 is within 5% of after round 2;
 - requests SGLang retracts mid-speculation (8 concurrent ~1,900-token prompts, 140 new tokens each,
   in an 8,192-token KV pool, on a server that also retracts every 10 decode steps) each still get
-  their single-request tokens.
+  their single-request tokens; past a flip at a float64 near-tie (top-2 logits within 1e-3), the
+  float64 reference's greedy tokens.
 Bounded loops, loopback only; the server is stopped by the test.
 """
 
@@ -37,7 +38,7 @@ import pytest
 import requests
 
 from sglang_glm.checkpoint import make_tiny_checkpoint
-from serving import http_server
+from serving import assert_same_up_to_near_tie, http_server
 
 pytestmark = pytest.mark.slow
 
@@ -369,7 +370,11 @@ def test_retraction_mid_speculation(server, retracting_server, model):
     retractions = [o["meta_info"]["num_retractions"] for o in together]
     print(f"retractions per request: {retractions}")
     assert sum(retractions) > 0, "no request was retracted: the test does not exercise retraction"
-    for i, out in enumerate(together):
-        assert out["output_ids"] == alone[i], f"prompt {i} after {retractions[i]} retractions"
+    # Batching changes float32 rounding: a near-tie may flip, and the rest is then checked against
+    # the float64 reference instead of the single-request tokens.
+    ties = [assert_same_up_to_near_tie(model, prompts[i], out["output_ids"], alone[i],
+                                       f"prompt {i} after {retractions[i]} retractions")
+            for i, out in enumerate(together)]
+    print(f"near-tie flips: {sum(ties)} of {len(ties)} requests")
     wait_idle(retracting_server)
     assert generate(retracting_server, prompts[0])["output_ids"] == alone[0]
