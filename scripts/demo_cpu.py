@@ -1,4 +1,4 @@
-"""Serve sglang_glm/assets/glm-dsa-mini through `sglang.launch_server` on CPU; query it over HTTP."""
+"""Serve assets/glm-dsa-mini through `sglang.launch_server` on CPU; query it over HTTP."""
 
 import argparse
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from sglang_glm.cpu_compat.server import cpu_server
 
-MODEL = Path(__file__).resolve().parent.parent / "sglang_glm" / "assets" / "glm-dsa-mini"
+MODEL = Path(__file__).resolve().parent.parent / "assets" / "glm-dsa-mini"
 MTP_ARGS = (
     "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6",

@@ -67,7 +67,7 @@ NEAR_TIE = 1e-3
 def reference_steps(model_path, prompt: list[int], output: list[int]) -> list[tuple[int, float]]:
     """(greedy token, top-2 logit margin) of the float64 reference at each step of `output`,
     teacher-forced on prompt + output."""
-    from sglang_glm.reference import load_reference_model
+    from sglang_glm_tools.reference import load_reference_model
 
     model = load_reference_model(model_path, dtype=torch.float64)
     logits = model(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]

@@ -1,4 +1,4 @@
-"""IndexCache calibration (`python -m sglang_glm.calibrate`): search, resume, errors, served loss.
+"""IndexCache calibration (`python -m sglang_glm_tools.calibrate`): search, resume, errors, served loss.
 
 The search is checked where the right answer is known by construction:
 - a synthetic loss in which some layers select exactly the keys of the layer they would share
@@ -20,11 +20,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang_glm.calibrate import parse_args, run
-from sglang_glm.calibration import CalibrationError
-from sglang_glm.calibration.inputs import inspect_model, load_sequences, load_tokenizer, uniform_pattern
-from sglang_glm.calibration.search import SearchLog, greedy_search, share
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.calibrate import parse_args, run
+from sglang_glm_tools.calibration import CalibrationError
+from sglang_glm_tools.calibration.inputs import inspect_model, load_sequences, load_tokenizer, uniform_pattern
+from sglang_glm_tools.calibration.search import SearchLog, greedy_search, share
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
 
 TOPK = 16
@@ -209,7 +209,7 @@ def test_checkpoint_without_indexers(known_ckpt, data_files, tmp_path):
         run(_args(bare, data_files / "calib.txt", tmp_path / "o", "--full-layers", "2"))
     # Command-line form: exit status 2 and the message, before SGLang is imported.
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_glm.calibrate", "--model", str(bare), "--full-layers", "2",
+        [sys.executable, "-m", "sglang_glm_tools.calibrate", "--model", str(bare), "--full-layers", "2",
          "--data", str(data_files / "calib.txt"), "--out", str(tmp_path / "o")],
         capture_output=True, text=True, timeout=60,
     )
@@ -236,7 +236,7 @@ def calibrated(known_ckpt, data_files, tmp_path_factory):
     """The command run once (its own process: it builds SGLang's model runner in-process)."""
     out = tmp_path_factory.mktemp("calibration")
     cmd = [
-        sys.executable, "-m", "sglang_glm.calibrate", "--model", str(known_ckpt),
+        sys.executable, "-m", "sglang_glm_tools.calibrate", "--model", str(known_ckpt),
         "--full-layers", "6", "--data", str(data_files / "calib.txt"),
         "--heldout", str(data_files / "heldout.txt"), "--seq-len", str(SEQ_LEN),
         "--max-tokens", str(MAX_TOKENS), "--objective", "kl", "--no-baseline", "--out", str(out),
@@ -314,7 +314,7 @@ def test_vocab_sglang_pads(data_files, tmp_path):
     out = tmp_path / "out"
     max_tokens = 256
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_glm.calibrate", "--model", str(ckpt), "--full-layers", "3",
+        [sys.executable, "-m", "sglang_glm_tools.calibrate", "--model", str(ckpt), "--full-layers", "3",
          "--data", str(data_files / "calib.txt"), "--heldout", str(data_files / "heldout.txt"),
          "--seq-len", str(SEQ_LEN), "--max-tokens", str(max_tokens), "--no-baseline",
          "--no-overlap", "--out", str(out)],
@@ -330,7 +330,7 @@ def test_vocab_sglang_pads(data_files, tmp_path):
 
 def test_report_files(tmp_path):
     """Markdown tables, plot and heatmap from a result with uniform and held-out columns."""
-    from sglang_glm.calibration.report import overlap_markdown, plot_heatmap, plot_loss, result_markdown
+    from sglang_glm_tools.calibration.report import overlap_markdown, plot_heatmap, plot_loss, result_markdown
 
     steps = [{"num_full": 4 - i, "pattern": p, "loss": 2.0 + 0.1 * i, "shared_layer": s, "candidates": {}}
              for i, (p, s) in enumerate([("FFFF", None), ("FFSF", 2), ("FSSF", 1)])]
@@ -340,7 +340,7 @@ def test_report_files(tmp_path):
             for s, u in zip(steps, ["FFFF", "FFSF", "FSFS"])]
     result = {"model": "m", "objective": "lm", "budget": 2, "pattern": "FSSF", "steps": steps,
               "comparison": rows, "data": {"describe": "calib"}, "heldout": {"describe": "held"}}
-    from sglang_glm.calibration.report import add_recommendation
+    from sglang_glm_tools.calibration.report import add_recommendation
 
     assert add_recommendation(dict(result))["recommended_pattern"] == "FSSF"  # searched is lower
     rows[-1]["uniform_calib"] = 2.1  # now uniform every-k beats the greedy path at the budget

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sglang_glm.checkpoint import (
+from sglang_glm_tools.checkpoint import (
     FP8_BLOCK,
     dequantize_fp8_block,
     dequantized_state_dict,

@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from sglang_glm.checkpoint import make_tiny_checkpoint, write_dequantized_twin
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint, write_dequantized_twin
 from serving import engine, failed_launch, greedy, hf_greedy
 
 pytestmark = pytest.mark.slow

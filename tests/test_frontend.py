@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import http_server
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = ROOT / "sglang_glm" / "assets" / "glm-dsa-mini"
+BUNDLED = ROOT / "assets" / "glm-dsa-mini"
 _spec = importlib.util.spec_from_file_location(
     "frontend_program", ROOT / "benchmarks" / "serving" / "frontend_program.py"
 )

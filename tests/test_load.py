@@ -37,7 +37,7 @@ import psutil
 import pytest
 import requests
 
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import assert_same_up_to_near_tie, http_server
 
 pytestmark = pytest.mark.slow

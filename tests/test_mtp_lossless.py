@@ -10,9 +10,9 @@ every draft step (counted from the draft model's trace).
 
 import pytest
 
+import mtp_trace
 from serving import engine, greedy, hf_greedy
-from sglang_glm.checkpoint import make_tiny_checkpoint
-from sglang_glm.mtp import trace
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def want(ckpt):
 
 @pytest.mark.parametrize("topk, draft_tokens", [(1, STEPS + 1), (3, 8)], ids=["chain", "tree"])
 def test_lossless_with_index_share_off(ckpt, want, topk, draft_tokens, tmp_path, monkeypatch):
-    monkeypatch.setenv(trace.ENV, str(tmp_path / "trace"))
+    mtp_trace.enable(monkeypatch, tmp_path / "trace")
     with engine(
         ckpt,
         speculative_algorithm="EAGLE",
@@ -53,7 +53,7 @@ def test_lossless_with_index_share_off(ckpt, want, topk, draft_tokens, tmp_path,
         json_model_override_args={"index_share_for_mtp_iteration": False},
     ) as llm:
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want
-    records = trace.load(tmp_path / "trace")
+    records = mtp_trace.load(tmp_path / "trace")
     steps = [r for r in records if r["kind"] == "step"]
     assert steps and all(r["ran_indexer"] and not r["index_share"] for r in records)
 

@@ -20,14 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import sglang_glm
+import mtp_trace
 from serving import engine, hf_greedy
-from sglang_glm.mtp import trace
 from sglang_glm.mtp.acceptance import AcceptanceStats
 
 pytestmark = pytest.mark.slow
 
-MINI = Path(sglang_glm.__file__).parent / "assets" / "glm-dsa-mini"
+MINI = Path(__file__).resolve().parents[1] / "assets" / "glm-dsa-mini"
 TEXT = Path(__file__).resolve().parents[1] / "benchmarks" / "train" / "data" / "heldout.txt"
 if not MINI.exists():
     pytest.skip(f"trained model not found at {MINI}", allow_module_level=True)
@@ -69,13 +68,13 @@ def _first_round(records, prompts):
 
 
 def test_chain_drafts_match_float64_reference_and_serve_losslessly(prompts, tmp_path, monkeypatch):
-    from sglang_glm.reference import load_reference_model, reference_draft_round
+    from sglang_glm_tools.reference import load_reference_model, reference_draft_round
 
     trace_dir = tmp_path / "trace"
-    monkeypatch.setenv(trace.ENV, str(trace_dir))
+    mtp_trace.enable(monkeypatch, trace_dir)
     with engine(MINI, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1, **SPEC) as llm:
         batch = llm.generate(input_ids=prompts, sampling_params=GREEDY)
-        records = trace.load(trace_dir)
+        records = mtp_trace.load(trace_dir)
         alone = []
         for p in prompts:
             llm.flush_cache()
@@ -132,11 +131,11 @@ def test_chain_drafts_match_float64_reference_and_serve_losslessly(prompts, tmp_
 def test_tree_drafts_with_shared_target_plan(prompts, tmp_path, monkeypatch):
     plan = "FFFFFFSS"  # the target's last two layers shared; the MTP layer keeps its own indexer
     trace_dir = tmp_path / "trace"
-    monkeypatch.setenv(trace.ENV, str(trace_dir))
+    mtp_trace.enable(monkeypatch, trace_dir)
     with engine(MINI, speculative_eagle_topk=3, speculative_num_draft_tokens=8,
                 json_model_override_args={"index_topk_pattern": plan}, **SPEC) as llm:
         batch = llm.generate(input_ids=prompts, sampling_params=GREEDY)
-    records = trace.load(trace_dir)
+    records = mtp_trace.load(trace_dir)
 
     types = ["full" if c == "F" else "shared" for c in plan]
     assert [o["output_ids"] for o in batch] == hf_greedy(MINI, prompts, NEW_TOKENS, indexer_types=types)

@@ -21,7 +21,7 @@ from serving import http_server
 
 pytestmark = pytest.mark.slow
 
-TOKENIZER = Path(__file__).resolve().parent.parent / "sglang_glm" / "assets" / "glm-dsa-mini"
+TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "glm-dsa-mini"
 VOCAB = 2048  # the bundled tokenizer's
 PROMPTS = [[(13 * i + 7 * k) % 2000 + 5 for k in range(9 + 5 * i)] for i in range(3)]
 NEW_TOKENS = 8

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang_glm.checkpoint import build_config, make_tiny_checkpoint, write_checkpoint
-from sglang_glm.reference import (
+from sglang_glm_tools.checkpoint import build_config, make_tiny_checkpoint, write_checkpoint
+from sglang_glm_tools.reference import (
     DsaConfig,
     GlmDsaForCausalLM,
     accepted_length,
@@ -16,7 +16,7 @@ from sglang_glm.reference import (
     reference_draft_round,
     select_topk,
 )
-from sglang_glm.reference import layers as ref_layers
+from sglang_glm_tools.reference import layers as ref_layers
 
 PLANS = {
     "all_full": ["full"] * 4,
@@ -165,7 +165,7 @@ def test_mtp_trainable_in_float32():
 
 # ---------------------------------------------------------------- the committed trained model
 
-GLM_DSA_MINI = Path(__file__).resolve().parent.parent / "sglang_glm/assets/glm-dsa-mini"
+GLM_DSA_MINI = Path(__file__).resolve().parent.parent / "assets/glm-dsa-mini"
 
 
 @torch.no_grad()

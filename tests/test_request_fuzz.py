@@ -32,7 +32,7 @@ from serving import http_server
 
 pytestmark = pytest.mark.slow
 
-MODEL = Path(__file__).resolve().parent.parent / "sglang_glm" / "assets" / "glm-dsa-mini"
+MODEL = Path(__file__).resolve().parent.parent / "assets" / "glm-dsa-mini"
 VOCAB, CONTEXT = 2048, 4096  # the bundled model's config
 MTP_ARGS = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
             "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4")

@@ -6,7 +6,7 @@ the tokens, so agreement with transformers is not an accident of a degenerate mo
 
 import pytest
 
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import engine, greedy, hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -102,7 +102,7 @@ def test_bundled_trained_model_matches_transformers():
 
     from transformers import AutoTokenizer
 
-    model = Path(__file__).resolve().parent.parent / "sglang_glm" / "assets" / "glm-dsa-mini"
+    model = Path(__file__).resolve().parent.parent / "assets" / "glm-dsa-mini"
     text = (Path(__file__).resolve().parent.parent / "benchmarks" / "train" / "data" / "heldout.txt").read_text()
     tok = AutoTokenizer.from_pretrained(str(model))
     ids = tok(text[:4000])["input_ids"]

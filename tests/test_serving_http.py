@@ -8,7 +8,7 @@ children of the launcher; ending the group ends them all). One server serves eve
 import pytest
 import requests
 
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import hf_greedy, http_server
 
 pytestmark = pytest.mark.slow

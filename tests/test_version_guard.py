@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from sglang_glm import plugin, sglang_patches, version_guard
-from sglang_glm.checkpoint import make_tiny_checkpoint
+from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import failed_launch
 
 GLM_DSA = version_guard.GLM_DSA_ARCHS

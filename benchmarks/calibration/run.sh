@@ -6,7 +6,7 @@ PY=${PY:-.venv/bin/python}
 
 # 1. Greedy search 8 -> 2 full layers on 8192 calibration tokens (8 windows of 1024), with the
 #    searched-vs-uniform comparison on 8192 held-out tokens, the top-k overlap and the plots.
-$PY -m sglang_glm.calibrate --model sglang_glm/assets/glm-dsa-mini --full-layers 2 \
+$PY -m sglang_glm_tools.calibrate --model assets/glm-dsa-mini --full-layers 2 \
     --data benchmarks/train/data/calib.txt --heldout benchmarks/train/data/heldout.txt \
     --max-tokens 8192 --out benchmarks/calibration/glm-dsa-mini
 

@@ -53,7 +53,7 @@ def main():
         from sglang_glm.cpu_compat import activate
 
         activate()
-    from sglang_glm.calibration.inputs import inspect_model, load_sequences, load_tokenizer
+    from sglang_glm_tools.calibration.inputs import inspect_model, load_sequences, load_tokenizer
 
     result = json.loads(a.result.read_text())
     model = result["data"]["model"]  # absolute path (the log header's)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-DEFAULT_MODEL = ROOT / "sglang_glm" / "assets" / "glm-dsa-mini"
+DEFAULT_MODEL = ROOT / "assets" / "glm-dsa-mini"
 DEFAULT_TEXT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
 
 CONFIGS = [

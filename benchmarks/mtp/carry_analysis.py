@@ -39,8 +39,8 @@ def cv(w: torch.Tensor) -> float:
 @torch.no_grad()
 def one_round(model, ids, steps):
     """Drafts for every config + the target's greedy tokens + carries of the draft steps."""
-    from sglang_glm.reference import accepted_length, greedy_continuation
-    from sglang_glm.reference.mtp import draft_round
+    from sglang_glm_tools.reference import accepted_length, greedy_continuation
+    from sglang_glm_tools.reference.mtp import draft_round
 
     target = model(ids)
     nxt = target.logits[:, -1].argmax(-1, keepdim=True)
@@ -95,7 +95,7 @@ def main(argv=None):
 
     from transformers import AutoTokenizer
 
-    from sglang_glm.reference import load_reference_model
+    from sglang_glm_tools.reference import load_reference_model
 
     torch.set_grad_enabled(False)
     model = load_reference_model(a.model, dtype=getattr(torch, a.dtype))

@@ -37,7 +37,7 @@ from sglang_glm.cpu_compat.server import CPU_SERVER_ARGS, free_port, launched_se
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RESULTS = HERE / "results"
-BUNDLED = ROOT / "sglang_glm" / "assets" / "glm-dsa-mini"
+BUNDLED = ROOT / "assets" / "glm-dsa-mini"
 HELDOUT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
 
 # IndexCache "on": the plan from the calibration search on glm-dsa-mini (benchmarks/calibration);

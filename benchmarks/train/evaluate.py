@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, GlmMoeDsaForCausalLM
 
-from sglang_glm.reference import accepted_length, draft_round, greedy_continuation, load_reference_model
+from sglang_glm_tools.reference import accepted_length, draft_round, greedy_continuation, load_reference_model
 
 HERE = Path(__file__).parent
-ASSET = HERE.parent.parent / "sglang_glm/assets/glm-dsa-mini"
+ASSET = HERE.parent.parent / "assets/glm-dsa-mini"
 
 
 def heldout_tokens(path: Path) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Turn a training run's output into the committed glm-dsa-mini checkpoint, loss log and loss-curve PNG.
 
-Uses sglang_glm.checkpoint.write_checkpoint (hub layout, MTP layer at index N, bf16 tensors).
+Uses sglang_glm_tools.checkpoint.write_checkpoint (hub layout, MTP layer at index N, bf16 tensors).
 """
 
 import argparse
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from sglang_glm.checkpoint import build_config, write_checkpoint
+from sglang_glm_tools.checkpoint import build_config, write_checkpoint
 
 HERE = Path(__file__).parent
 
@@ -48,7 +48,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("run", type=Path, help="train.py --out folder")
     ap.add_argument("--tokenizer", type=Path, default=Path("build/glm-dsa-mini-data/tokenizer"))
-    ap.add_argument("--dest", type=Path, default=HERE.parent.parent / "sglang_glm/assets/glm-dsa-mini")
+    ap.add_argument("--dest", type=Path, default=HERE.parent.parent / "assets/glm-dsa-mini")
     a = ap.parse_args(argv)
 
     model_cfg = json.loads((a.run / "model_config.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sglang_glm.checkpoint import train_bpe_tokenizer
+from sglang_glm_tools.checkpoint import train_bpe_tokenizer
 
 SAMPLE_BYTES = 150_000
 

@@ -2,7 +2,7 @@
 
 Stops itself on a wall-clock budget, evaluates on held-out data and writes, under --out:
 hub.safetensors (hub-layout tensors, bf16), model_config.json, log.csv, summary.json.
-`export.py` turns these into the committed checkpoint with sglang_glm.checkpoint's writer.
+`export.py` turns these into the committed checkpoint with sglang_glm_tools.checkpoint's writer.
 """
 
 import argparse
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from sglang_glm.reference import DsaConfig, GlmDsaForCausalLM
-from sglang_glm.reference.layers import Router
+from sglang_glm_tools.reference import DsaConfig, GlmDsaForCausalLM
+from sglang_glm_tools.reference.layers import Router
 
 LOG_FIELDS = ["step", "seconds", "tokens", "phase", "lr", "loss", "lm", "mtp1", "mtp2", "mtp3",
               "indexer_kl", "mtp_indexer_kl", "tokens_per_s"]

@@ -40,7 +40,7 @@ _F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 
 @dataclass(frozen=True)
 class IndexerConfig:
-    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/sweep_run5.log, sweep_run12.log)."""
+    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/sweep_run5.log, 12)."""
 
     block_n: int = 128  # keys per dot
     keys_per_program: int = 4096  # keys one program scores (q and weights loaded once)

@@ -43,7 +43,7 @@ class SparseMLAConfig:
 
 
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/sweep_run*.log)."""
+    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log)."""
     if num_heads > 16:
         # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM);
         # split top-k only below one wave: each split's partial costs 128 KB/token each way

@@ -32,7 +32,6 @@ from sglang.srt.utils import add_prefix
 
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
 from sglang_glm.models.weights import dequantized_weight, expert_params_mapping, load_tensor
-from sglang_glm.mtp import trace
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
 from sglang_glm.mtp.recycle import POST_NORM
 from sglang_glm.settings import GlmDsaSettings, module_config
@@ -150,10 +149,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         if not is_draft_step and self.settings.index_share and not mode.is_idle():
             self._store_last_accepted(forward_batch)
         aux = None if self.settings.recycle == POST_NORM else [pre]
-        out = self.logits_processor(input_ids, post, self.lm_head, forward_batch, aux_hidden_states=aux)
-        if trace.enabled():
-            self._trace(forward_batch, out, ran_indexer=topk_rows is None, is_draft_step=is_draft_step)
-        return out
+        return self.logits_processor(input_ids, post, self.lm_head, forward_batch, aux_hidden_states=aux)
 
     def _store_last_accepted(self, forward_batch: ForwardBatch) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""
@@ -166,25 +162,6 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         else:  # after prefill: the request's last prompt token
             start, accept = forward_batch.extend_start_loc, forward_batch.extend_seq_lens
         self._shared.store(forward_batch.req_pool_indices, compact_last_accepted(rows, start, accept))
-
-    def _trace(self, forward_batch, out, ran_indexer: bool, is_draft_step: bool) -> None:
-        spec = forward_batch.spec_info
-        accept = getattr(spec, "num_accept_tokens", None)
-        trace.record(
-            kind="step" if is_draft_step else "extend",
-            mode=str(forward_batch.forward_mode),
-            ran_indexer=ran_indexer,
-            draft_has_indexer=self.model.decoder.self_attn.has_indexer,
-            index_share=self.settings.index_share,
-            recycle=self.settings.recycle,
-            req_pool_indices=forward_batch.req_pool_indices,
-            seq_lens=forward_batch.seq_lens,
-            positions=forward_batch.positions,
-            extend_seq_lens=None if is_draft_step else list(forward_batch.extend_seq_lens_cpu or []),
-            num_accept_tokens=accept,
-            logits=out.next_token_logits,
-            topk_rows=self.model.topk_buffer.read(DRAFT_LAYER_ID),
-        )
 
     # ---- weights --------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def make_model(root: Path, name: str, **kw) -> Path:
     """A GLM-5.2-geometry checkpoint, made once per run (pytest-xdist workers share it)."""
     from filelock import FileLock
 
-    from sglang_glm.checkpoint import make_tiny_checkpoint
+    from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 
     path = root / name
     with FileLock(str(root / f"{name}.lock")):
@@ -131,7 +131,7 @@ _REFERENCES: dict = {}
 
 
 def reference(path, dense: bool = False):
-    from sglang_glm.reference import load_reference_model
+    from sglang_glm_tools.reference import load_reference_model
 
     key = (str(path), dense)
     if key not in _REFERENCES:

@@ -9,8 +9,8 @@ One job per module:
 - `overlap`: cross-layer top-k overlap (Jaccard of selected key positions) for every layer pair.
 - `report`:  result JSON / markdown, the loss-vs-full-layers plot and the Jaccard heatmap.
 
-The command is `python -m sglang_glm.calibrate`. `inputs`, `search` and `report` import no SGLang;
-`runner` and `overlap` need SGLang (real SGLang 0.5.23; on CPU through `sglang_glm.cpu_compat`).
+The command is `sglang-glm-calibrate` (or `python -m sglang_glm_tools.calibrate`). `inputs`,
+`search` and `report` import no SGLang; `runner` and `overlap` need SGLang (real SGLang 0.5.23; on CPU through `sglang_glm.cpu_compat`).
 """
 
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_glm.calibration import CalibrationError
+from sglang_glm_tools.calibration import CalibrationError
 from sglang_glm.layer_plan import FULL, SHARED, LayerPlan
 
 _INDEXER = re.compile(r"^model\.layers\.(\d+)\.self_attn\.indexer\.")

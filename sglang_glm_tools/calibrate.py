@@ -1,6 +1,6 @@
 """IndexCache calibration: which layers keep their indexer, for a checkpoint and a budget.
 
-    python -m sglang_glm.calibrate --model PATH --full-layers N --data FILE [--out DIR] [--resume]
+    sglang-glm-calibrate --model PATH --full-layers N --data FILE [--out DIR] [--resume]
         [--heldout FILE] [--seq-len L] [--max-tokens T] [--objective lm|kl]
 
 Greedy search (in the spirit of IndexCache, arXiv 2603.12201): start with every layer that has
@@ -25,15 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_glm.calibration import CalibrationError
-from sglang_glm.calibration.inputs import (
+from sglang_glm_tools.calibration import CalibrationError
+from sglang_glm_tools.calibration.inputs import (
     check_budget,
     inspect_model,
     load_sequences,
     load_tokenizer,
     uniform_pattern,
 )
-from sglang_glm.calibration.report import (
+from sglang_glm_tools.calibration.report import (
     add_recommendation,
     override_arg,
     overlap_markdown,
@@ -42,13 +42,13 @@ from sglang_glm.calibration.report import (
     result_markdown,
     write_json,
 )
-from sglang_glm.calibration.search import SearchLog, greedy_search, steps_as_dicts
+from sglang_glm_tools.calibration.search import SearchLog, greedy_search, steps_as_dicts
 from sglang_glm.layer_plan import LayerPlan
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
-        prog="python -m sglang_glm.calibrate", description=__doc__,
+        prog="sglang-glm-calibrate", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--model", required=True, help="GLM-DSA checkpoint directory")
@@ -108,7 +108,7 @@ def run(args) -> dict:
     if heldout:
         print(heldout.describe())
 
-    from sglang_glm.calibration.runner import CachedPlanLoss, InProcessModel, mean_nll
+    from sglang_glm_tools.calibration.runner import CachedPlanLoss, InProcessModel, mean_nll
 
     t = time.time()
     total_tokens = calib.num_tokens + (heldout.num_tokens if heldout else 0)
@@ -126,7 +126,7 @@ def run(args) -> dict:
 
     overlap = None
     if not args.no_overlap:
-        from sglang_glm.calibration.overlap import topk_overlap
+        from sglang_glm_tools.calibration.overlap import topk_overlap
 
         overlap = topk_overlap(model, batches).as_dict()
         write_json(out / "overlap.json", overlap)

@@ -25,8 +25,8 @@ from typing import Callable, Optional
 
 import torch
 
-from sglang_glm.calibration import CalibrationError
-from sglang_glm.calibration.inputs import ModelInfo, Sequences
+from sglang_glm_tools.calibration import CalibrationError
+from sglang_glm_tools.calibration.inputs import ModelInfo, Sequences
 from sglang_glm.layer_plan import LayerPlan
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def _prepare_sglang() -> None:
         from sglang.srt.plugins import load_plugins
     except ImportError as exc:
         raise CalibrationError(
-            "sglang_glm.calibrate runs the plugin's model inside SGLang's in-process model runner "
+            "sglang-glm-calibrate runs the plugin's model inside SGLang's in-process model runner "
             "and needs SGLang 0.5.23 (pip install 'sglang-glm[sglang]'); this environment has "
             f"none ({exc})"
         ) from exc
@@ -333,7 +333,7 @@ class CachedPlanLoss:
         return self._run(plan, 0, capture=plan.is_full)
 
     def _shared(self, layer: int) -> LayerPlan:
-        from sglang_glm.calibration.search import share
+        from sglang_glm_tools.calibration.search import share
 
         return share(self.plan, layer)
 

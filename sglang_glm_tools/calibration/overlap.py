@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_glm.calibration.runner import Batch, InProcessModel
+from sglang_glm_tools.calibration.runner import Batch, InProcessModel
 
 
 @dataclass

@@ -303,7 +303,7 @@ def make_tiny_checkpoint(
 
 
 def main(argv: list[str]) -> None:
-    """`python -m sglang_glm.checkpoint OUT [--fp8] [--no-mtp] [--overrides JSON]`."""
+    """`python -m sglang_glm_tools.checkpoint OUT [--fp8] [--no-mtp] [--overrides JSON]`."""
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
-from sglang_glm.calibration import CalibrationError
+from sglang_glm_tools.calibration import CalibrationError
 from sglang_glm.layer_plan import SHARED, LayerPlan
 
 

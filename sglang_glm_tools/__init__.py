@@ -1,0 +1,9 @@
+"""Tools around the sglang-glm plugin, kept out of the runtime package `sglang_glm`.
+
+- `checkpoint`: writes HF-format GLM-DSA checkpoints (tiny random, FP8, dequantized twins) and
+  trains their tokenizers; the tests' and benchmarks' fixtures.
+- `reference`: the plain-PyTorch GLM-DSA + MTP model (the float64 oracle, the training model).
+- `calibrate` + `calibration`: the IndexCache plan search (`sglang-glm-calibrate`).
+
+A GPU server imports none of this; the bundled trained model lives in the repository's `assets/`.
+"""
