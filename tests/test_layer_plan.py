@@ -89,3 +89,27 @@ def test_plan_object():
     assert plan.full_layers == (0, 3)
     assert [plan.source_layer(i) for i in range(5)] == [0, 0, 0, 3, 3]
     assert LayerPlan.all_full(3).pattern == "FFF"
+
+
+def test_settings_resolve_plan_mtp_and_indexer_once():
+    """GlmDsaSettings: one frozen object from the config, the launch override and the backends."""
+    import dataclasses
+
+    from sglang_glm.settings import GLM_INDEXER, SGLANG_INDEXER, GlmDsaSettings, module_config
+
+    cfg = GlmMoeDsaConfig(num_hidden_layers=4, index_topk=16, index_topk_pattern="FFSF",
+                          index_share_for_mtp_iteration=True)
+    settings = GlmDsaSettings.from_config(
+        cfg, json.dumps({"mtp_recycle_hidden": "pre_norm"}), ("glm_dsa_torch", "glm_dsa_torch")
+    )
+    assert settings.plan.pattern == "FFSF" and settings.recycle == "pre_norm"
+    assert settings.index_share and settings.index_topk == 16 and settings.indexer == GLM_INDEXER
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.index_topk = 8
+    assert GlmDsaSettings.from_config(cfg, None, ("dsa", "dsa")).indexer == SGLANG_INDEXER
+    assert GlmDsaSettings.from_config(cfg, {"index_topk_pattern": "FSSS"}).plan.pattern == "FSSS"
+    # The modules' config fills MoE routing defaults on a copy; SGLang's config stays as loaded.
+    cfg.topk_method = None
+    built = module_config(cfg)
+    assert built.topk_method == "noaux_tc" and built.scoring_func == "sigmoid"
+    assert cfg.topk_method is None
