@@ -15,7 +15,8 @@ ENV = "SGLANG_GLM_MTP_TRACE"
 def enable(monkeypatch, directory: Path) -> None:
     """Engines started after this (their processes spawned from this one) record into `directory`."""
     monkeypatch.setenv(ENV, str(directory))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PLUGIN_DIR), os.environ.get("PYTHONPATH")) if p))
+    paths = [str(PLUGIN_DIR), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
     monkeypatch.syspath_prepend(str(PLUGIN_DIR))
 
 

@@ -81,7 +81,9 @@ class GlmDsaIndexer(nn.Module):
         )
         self.rotary_emb = _rope(config, self.rope_dim, getattr(config, "indexer_rope_interleave", True))
 
-    def forward(self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend) -> torch.Tensor:
+    def forward(
+        self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend
+    ) -> torch.Tensor:
         q, _ = self.wq_b(q_lora)
         q = q.view(-1, self.n_heads, self.head_dim)
         k, _ = self.wk(hidden_states)
@@ -115,7 +117,9 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
 class GlmDsaAttention(nn.Module):
     """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
 
-    def __init__(self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+    def __init__(
+        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str
+    ):
         super().__init__()
         tp_size = get_parallel().attn_tp_size
         self.layer_id = layer_id
@@ -149,7 +153,9 @@ class GlmDsaAttention(nn.Module):
         )
         self.rotary_emb = _rope(config, self.qk_rope_head_dim, getattr(config, "rope_interleave", True))
         if has_indexer:
-            self.indexer = build_indexer(config, settings, layer_id, quant_config, add_prefix("indexer", prefix))
+            self.indexer = build_indexer(
+                config, settings, layer_id, quant_config, add_prefix("indexer", prefix)
+            )
         # Absorbed MLA: attention runs on [latent | rope] rows of width kv_lora_rank + rope.
         self.attn = RadixAttention(
             self.num_heads,
@@ -215,7 +221,9 @@ class GlmDsaAttention(nn.Module):
 
 
 class GlmDsaDecoderLayer(nn.Module):
-    def __init__(self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str):
+    def __init__(
+        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str
+    ):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = GlmDsaAttention(
@@ -271,7 +279,9 @@ class GlmDsaModel(nn.Module):
             self.embed_tokens = PPMissingLayer()
         self.layers, self.start_layer, self.end_layer = make_pp_layers(
             config.num_hidden_layers,
-            lambda idx, prefix: GlmDsaDecoderLayer(config, settings, idx, plan.is_full(idx), quant_config, prefix),
+            lambda idx, prefix: GlmDsaDecoderLayer(
+                config, settings, idx, plan.is_full(idx), quant_config, prefix
+            ),
             prefix=add_prefix("layers", prefix),
         )
         if self.pp_group.is_last_rank:

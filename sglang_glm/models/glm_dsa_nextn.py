@@ -57,7 +57,9 @@ def _mtp_layer_config(config):
 
 
 class GlmDsaModelNextN(nn.Module):
-    def __init__(self, config, settings: GlmDsaSettings, quant_config: Optional[QuantizationConfig], prefix: str = ""):
+    def __init__(
+        self, config, settings: GlmDsaSettings, quant_config: Optional[QuantizationConfig], prefix: str = ""
+    ):
         super().__init__()
         self.config = config
         self.embed_tokens = VocabParallelEmbedding(

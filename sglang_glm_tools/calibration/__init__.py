@@ -10,7 +10,8 @@ One job per module:
 - `report`:  result JSON / markdown, the loss-vs-full-layers plot and the Jaccard heatmap.
 
 The command is `sglang-glm-calibrate` (or `python -m sglang_glm_tools.calibrate`). `inputs`,
-`search` and `report` import no SGLang; `runner` and `overlap` need SGLang (real SGLang 0.5.23; on CPU through `sglang_glm.cpu_compat`).
+`search` and `report` import no SGLang; `runner` and `overlap` need SGLang (real SGLang 0.5.23;
+on CPU through `sglang_glm.cpu_compat`).
 """
 
 

@@ -21,7 +21,9 @@ def _traced_forward(original, draft, input_ids, positions, forward_batch, *args,
 
     attn = draft.model.decoder.self_attn
     ran = []
-    handle = attn.indexer.register_forward_hook(lambda *unused: ran.append(True)) if attn.has_indexer else None
+    handle = None
+    if attn.has_indexer:
+        handle = attn.indexer.register_forward_hook(lambda *unused: ran.append(True))
     try:
         out = original(draft, input_ids, positions, forward_batch, *args, **kwargs)
     finally:
