@@ -165,7 +165,8 @@ def test_mtp_trainable_in_float32():
 
 # ---------------------------------------------------------------- the committed trained model
 
-GLM_DSA_MINI = Path(__file__).resolve().parent.parent / "assets/glm-dsa-mini"
+ROOT = Path(__file__).resolve().parent.parent
+GLM_DSA_MINI = ROOT / "assets/glm-dsa-mini"
 
 
 @torch.no_grad()
@@ -175,7 +176,7 @@ def test_glm_dsa_mini_greedy_equals_transformers():
     cfg = DsaConfig.from_pretrained(GLM_DSA_MINI)
     assert set(cfg.indexer_types) == {"full"} and cfg.num_hidden_layers >= 8 and cfg.num_nextn_predict_layers == 1
     tok = AutoTokenizer.from_pretrained(GLM_DSA_MINI)
-    text = (GLM_DSA_MINI.parent.parent.parent / "benchmarks/train/data/heldout.txt").read_text()[:4000]
+    text = (ROOT / "benchmarks/train/data/heldout.txt").read_text()[:4000]
     ids = tok(text, return_tensors="pt").input_ids[:, :96]
     assert ids.shape[1] > cfg.index_topk
     ref = load_reference_model(GLM_DSA_MINI, torch.float32)
