@@ -9,6 +9,7 @@ carries the spread, while the pre-norm one does not. The MTP layer (enorm, hnorm
 with its indexer) is then trained recursively over 3 depths with the target frozen, once per carry,
 from the same start (glm-dsa-mini's MTP layer) on the same batches.
 
+    python benchmarks/train/prepare_data.py --tokenizer sglang_glm/assets/glm-dsa-mini --out build/carry-data
     python benchmarks/train/carry/train_mtp_carry.py --out build/carry --steps 400
     python benchmarks/train/carry/export_carry.py build/carry     # checkpoint + loss curve
 """
@@ -102,31 +103,12 @@ def draft_accuracy(model, x: torch.Tensor, ctx: int, depths: int, carry_kind: st
     return accs
 
 
-def tokens_of(split: str, tokenizer, stdlib: Path, cache: Path) -> np.ndarray:
-    """The stdlib split glm-dsa-mini was trained on (same file-level split), bundled tokenizer."""
-    path = cache / f"{split}.npy"
-    if path.exists():
-        return np.load(path)
-    sys.path.insert(0, str(ROOT / "benchmarks" / "train"))
-    from prepare_data import read, split_of, stdlib_files
-
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
-    ids = []
-    for p in stdlib_files(stdlib):
-        if split_of(p, stdlib) == split and (text := read(p)):
-            ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
-            ids.append(eos)
-    arr = np.asarray(ids, dtype=np.uint16)
-    cache.mkdir(parents=True, exist_ok=True)
-    np.save(path, arr)
-    return arr
-
-
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, required=True, help="training steps per carry (same batches)")
-    ap.add_argument("--stdlib", type=Path, default=Path("/root/.pyenv/versions/3.11.7/lib/python3.11"))
+    ap.add_argument("--data", type=Path, default=Path("build/carry-data"),
+                    help="prepare_data.py --tokenizer sglang_glm/assets/glm-dsa-mini --out DATA")
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--depths", type=int, default=3)
@@ -137,11 +119,8 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     torch.manual_seed(a.seed)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(TARGET))
-    train = torch.from_numpy(tokens_of("train", tok, a.stdlib, a.out / "data").astype(np.int64))
-    heldout = torch.from_numpy(tokens_of("heldout", tok, a.stdlib, a.out / "data").astype(np.int64))
+    train = torch.from_numpy(np.load(a.data / "train.npy").astype(np.int64))
+    heldout = torch.from_numpy(np.load(a.data / "heldout.npy").astype(np.int64))
     span = a.context + a.depths + 2
     eval_x = heldout[torch.arange(16)[:, None] * span + torch.arange(span)]
 
