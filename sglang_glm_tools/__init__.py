@@ -4,6 +4,8 @@
   trains their tokenizers; the tests' and benchmarks' fixtures.
 - `reference`: the plain-PyTorch GLM-DSA + MTP model (the float64 oracle, the training model).
 - `calibrate` + `calibration`: the IndexCache plan search (`sglang-glm-calibrate`).
+- `carry_check`: serves a checkpoint with both MTP carries and recommends one; `carry_models`: the
+  carry pair (one target, MTP layers trained with each carry) in the repository's `assets/`.
 
 A GPU server imports none of this; the bundled trained model lives in the repository's `assets/`.
 """

@@ -86,6 +86,8 @@ def test_per_position_acceptance_from_histogram():
     assert s.per_position(5) == [7 / 8, 6 / 8, 5 / 8, 4 / 8, 4 / 8]
     assert s.mean_accept_length == pytest.approx(1 + (1 + 2 + 3 + 20) / 8)
     assert s.mean_accept_length == pytest.approx(1 + sum(s.per_position(5)))
+    # Accepted drafts / drafted tokens: 26 of 8 rounds x 5 drafts.
+    assert s.accept_rate(5) == pytest.approx(26 / 40)
 
 
 # ---- start-up validation ------------------------------------------------------------------------

@@ -39,6 +39,7 @@ def main(argv):
     ap.add_argument("--out", type=Path, default=Path("build/glm-dsa-mini-data"))
     ap.add_argument("--samples", type=Path, default=Path(__file__).parent / "data")
     ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--tokenizer", type=Path, help="use this tokenizer instead of training one")
     a = ap.parse_args(argv)
 
     docs = {"train": [], "calib": [], "heldout": []}
@@ -46,7 +47,12 @@ def main(argv):
         text = read(p)
         if text:
             docs[split_of(p, a.stdlib)].append(text)
-    tok = train_bpe_tokenizer(docs["train"], a.vocab)
+    if a.tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(a.tokenizer))
+    else:
+        tok = train_bpe_tokenizer(docs["train"], a.vocab)
     a.out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(a.out / "tokenizer")
     eos = tok.convert_tokens_to_ids(tok.eos_token)

@@ -50,6 +50,12 @@ class AcceptanceStats:
             return 0.0
         return sum(j * n for j, n in enumerate(self.histogram)) / self.rounds + 1.0
 
+    def accept_rate(self, num_steps: int) -> float:
+        """Accepted drafts / drafted tokens (the reference change's "acceptance rate")."""
+        if not self.rounds:
+            return 0.0
+        return sum(j * n for j, n in enumerate(self.histogram)) / (self.rounds * num_steps)
+
     def as_dict(self, num_positions: int | None = None) -> dict:
         return {
             "rounds": self.rounds,

@@ -1,0 +1,43 @@
+"""The carry pair (issue 15): one target, two MTP layers trained with different carries.
+
+`glm-dsa-mini-carry` is glm-dsa-mini with its final norms spread per channel (logits unchanged)
+and an MTP layer trained with the post-norm carry; the MTP layer trained with the pre-norm carry
+over the same target sits beside it (outside the checkpoint folder, so loaders never pick it up).
+Made by benchmarks/train/carry/.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from sglang_glm.mtp.recycle import POST_NORM, PRE_NORM
+
+# The repository's assets/ (the bundled models are not in the wheel).
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
+CARRY_MODEL = ASSETS / "glm-dsa-mini-carry"
+PRE_NORM_MTP = ASSETS / "glm-dsa-mini-carry.mtp_pre_norm.safetensors"
+
+
+def checkpoint_with_mtp(trained_carry: str, dest: Path) -> Path:
+    """The carry pair's checkpoint whose MTP layer was trained with `trained_carry`."""
+    if trained_carry == POST_NORM:
+        return CARRY_MODEL
+    if trained_carry != PRE_NORM:
+        raise ValueError(f"trained_carry = {trained_carry!r}; use {POST_NORM!r} or {PRE_NORM!r}")
+    dest = Path(dest)
+    shutil.copytree(CARRY_MODEL, dest, dirs_exist_ok=True)
+    weights = CARRY_MODEL / "model.safetensors"
+    with safe_open(str(weights), "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(weights))
+    mtp = load_file(str(PRE_NORM_MTP))
+    unknown = set(mtp) - set(tensors)
+    if unknown:
+        raise ValueError(f"{PRE_NORM_MTP.name} names tensors the checkpoint lacks: {sorted(unknown)[:3]}")
+    tensors.update(mtp)
+    save_file(tensors, str(dest / "model.safetensors"), metadata=metadata)
+    return dest
