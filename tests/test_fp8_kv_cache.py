@@ -114,3 +114,11 @@ def test_mini_geometry_round_trip_and_error_bound():
     scale = kv[:, :48].abs().amax(-1, keepdim=True) / 448
     err = (back[:, :48] - kv[:, :48]).abs()
     assert (err <= kv[:, :48].abs() * 2**-4 + scale * 2**-9 + 1e-7).all()
+
+
+def test_kv_dtypes_the_backends_cannot_read_are_refused_by_name():
+    pool = make_pool(MINI, torch.float8_e5m2)
+    with pytest.raises(ValueError, match=r"glm_dsa_torch .*float8_e5m2: start with --kv-cache-dtype auto, bfloat16 or fp8_e4m3"):
+        pool.check_served_by("glm_dsa_torch")
+    make_pool(MINI, torch.float8_e4m3fn).check_served_by("glm_dsa_torch")
+    make_pool(MINI, torch.float32).check_served_by("glm_dsa_torch")

@@ -105,6 +105,14 @@ class TorchDSAKVPool(DSATokenToKVPool):
                  else self.index_head_dim * self.index_dtype.itemsize)
         return (mla, index), mla
 
+    def check_served_by(self, backend: str) -> None:
+        """Refuse, at start-up, a KV dtype the plugin's backends do not read (never a silent cast)."""
+        if not self.fp8 and self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"{backend} reads the KV cache in float32, bfloat16, float16 or FlashMLA's FP8 layout; "
+                f"the KV cache dtype is {self.dtype}: start with --kv-cache-dtype auto, bfloat16 or fp8_e4m3"
+            )
+
     def get_kv_size_bytes(self):
         index_bytes = sum(b.numel() * b.element_size() for b in self.index_k_buffer if b is not None)
         return MLATokenToKVPool.get_kv_size_bytes(self) + index_bytes

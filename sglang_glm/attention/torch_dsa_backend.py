@@ -70,6 +70,7 @@ class TorchDSABackend(AttentionBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
+        self.token_to_kv_pool.check_served_by(BACKEND_NAME)
         self.forward_metadata: Optional[DSAForwardMetadata] = None
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
