@@ -13,9 +13,12 @@ into the system turn. An assistant turn ends where the next turn's token begins,
 from __future__ import annotations
 
 EOS_TOKEN = "<|endoftext|>"
-# Order fixes the ids: appended after the byte-level BPE vocabulary.
-SPECIAL_TOKENS = [
-    "[gMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+# Order fixes the ids: appended after the byte-level BPE vocabulary, turn tokens first.
+# Turn tokens are special (dropped from decoded text); the markup tokens are added but not
+# special, so they survive detokenization with skip_special_tokens, where the reasoning and
+# tool-call parsers look for them (as in GLM's own tokenizers).
+SPECIAL_TOKENS = ["[gMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
+MARKUP_TOKENS = [
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
     "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>",
 ]
@@ -82,8 +85,11 @@ CHAT_TEMPLATE = (
 
 
 def add_chat_format(tokenizer):
-    """Give a tokenizer GLM's special tokens (new ids after its vocabulary) and the chat template."""
+    """Give a tokenizer GLM's turn and markup tokens (new ids after its vocabulary) and the chat template."""
+    from tokenizers import AddedToken
+
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL_TOKENS})
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 

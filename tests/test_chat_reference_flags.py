@@ -42,7 +42,7 @@ ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"]}}}
-GREEDY = {"temperature": 0, "max_tokens": 48}
+GREEDY = {"temperature": 0, "max_tokens": 64}
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<|user|>", "<|observation|>")
 # FP8 acceptance threshold, in nats of float32 top-1 minus top-2 logprob. benchmarks/fp8_kv
 # measured, teacher-forced over 8,176 held-out positions, FP8 flipping the top-1 token at float32
@@ -105,7 +105,7 @@ def test_template_renders_glm_format(tok):
     no_think = tok.apply_chat_template(messages[1:2], add_generation_prompt=True, tokenize=False,
                                        enable_thinking=False)
     assert no_think == "[gMASK]<sop><|user|>Weather in Oslo?<|assistant|></think>"
-    # Every markup string is one special token.
+    # Every turn and markup string is one token.
     for t in MARKUP + ("[gMASK]", "<sop>", "<|assistant|>", "<|system|>"):
         assert len(tok(t, add_special_tokens=False)["input_ids"]) == 1, t
 
