@@ -5,9 +5,10 @@ prompts; at every position, next-token agreement of the two caches' top-1 and th
 logprob| of the true next token; also the float32 top-1/top-2 margin at each position where the
 top-1 tokens differ. Greedy: 64 new tokens from each window's first 128 tokens; agreement per
 position up to the first divergence and whole-sequence agreement.
-Writes results.json and results.md next to this script.
+Writes results.json and results.md next to this script (results-<model>.* for another --model).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fp8_kv/quality.py
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fp8_kv/quality.py --model sglang_glm/assets/glm-dsa-mini-chat
 """
 
 import argparse
@@ -26,10 +27,10 @@ def windows(tokenizer, n: int, length: int) -> list[list[int]]:
     return [ids[i * length:(i + 1) * length] for i in range(n)]
 
 
-def serve(kv_cache_dtype: str, prompts: list[list[int]], greedy_prompt: int, new_tokens: int) -> dict:
+def serve(model: Path, kv_cache_dtype: str, prompts: list[list[int]], greedy_prompt: int, new_tokens: int) -> dict:
     import sglang as sgl
 
-    llm = sgl.Engine(model_path=str(MODEL), dtype="float32", device="cpu", disable_cuda_graph=True,
+    llm = sgl.Engine(model_path=str(model), dtype="float32", device="cpu", disable_cuda_graph=True,
                      kv_cache_dtype=kv_cache_dtype, max_total_tokens=16384, log_level="warning")
     try:
         forced = llm.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 1},
@@ -88,6 +89,7 @@ def compare(ref: dict, fp8: dict, new_tokens: int) -> dict:
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", type=Path, default=MODEL)
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--greedy-prompt", type=int, default=128)
@@ -96,17 +98,19 @@ def main(argv):
 
     from transformers import AutoTokenizer
 
-    prompts = windows(AutoTokenizer.from_pretrained(MODEL), a.windows, a.length)
-    ref = serve("auto", prompts, a.greedy_prompt, a.new_tokens)  # the CPU default: float32 cache
-    fp8 = serve("fp8_e4m3", prompts, a.greedy_prompt, a.new_tokens)
-    result = {"model": "sglang_glm/assets/glm-dsa-mini", "backend": "glm_dsa_torch (CPU), model dtype float32",
+    model = a.model.resolve()
+    prompts = windows(AutoTokenizer.from_pretrained(model), a.windows, a.length)
+    ref = serve(model, "auto", prompts, a.greedy_prompt, a.new_tokens)  # the CPU default: float32 cache
+    fp8 = serve(model, "fp8_e4m3", prompts, a.greedy_prompt, a.new_tokens)
+    name = "results" if model == MODEL.resolve() else f"results-{model.name}"
+    result = {"model": str(model.relative_to(ROOT)), "backend": "glm_dsa_torch (CPU), model dtype float32",
               "data": f"benchmarks/train/data/heldout.txt, {a.windows} windows x {a.length} tokens",
               "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/fp8_kv/quality.py " + " ".join(argv),
               **compare(ref, fp8, a.new_tokens)}
-    (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (HERE / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     t, g = result["teacher_forced"], result["greedy"]
     md = [
-        "# FP8 KV cache vs float32 cache (glm-dsa-mini, CPU, `glm_dsa_torch`)", "",
+        f"# FP8 KV cache vs float32 cache ({model.name}, CPU, `glm_dsa_torch`)", "",
         f"Written by `benchmarks/fp8_kv/quality.py` ({result['data']}).", "",
         "| metric | value |", "|---|---|",
         f"| teacher-forced next-token agreement (top-1) | {t['top1_agreement']:.4f} ({t['positions']} positions) |",
@@ -119,7 +123,7 @@ def main(argv):
         f"| float32 top-2 margin at each first divergence | "
         f"{', '.join(f'{m:.3f}' for m in g['float32_margin_at_first_divergence']) or 'none'} |",
     ]
-    (HERE / "results.md").write_text("\n".join(md) + "\n")
+    (HERE / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
