@@ -45,9 +45,10 @@ ADD = {"type": "function", "function": {
 GREEDY = {"temperature": 0, "max_tokens": 64}
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<|user|>", "<|observation|>")
 # FP8 acceptance threshold, in nats of float32 top-1 minus top-2 logprob. benchmarks/fp8_kv
-# measured, teacher-forced over 8,176 held-out positions, FP8 flipping the top-1 token at float32
-# margins up to 1.41 (FP8 index keys can change a layer's top-k selection, which moves logits by
-# more than the cache's rounding alone); a margin above 1.5 was never flipped there.
+# measured, teacher-forced over 8,176 held-out positions per model, FP8 flipping the top-1 token
+# at float32 margins up to 0.87 on this model (results-glm-dsa-mini-chat.md) and 1.41 on
+# glm-dsa-mini (FP8 index keys can change a layer's top-k selection, which moves logits by more
+# than the cache's rounding alone); no margin above 1.5 was flipped on either.
 MARGIN = 1.5
 
 
