@@ -97,3 +97,14 @@ def add_chat_format(tokenizer):
 def stop_token_ids(tokenizer) -> list[int]:
     """The ids that end an assistant turn, for config.json / generation_config.json eos_token_id."""
     return [tokenizer.convert_tokens_to_ids(t) for t in STOP_TOKENS]
+
+
+def chat_tokenizer(vocab_size: int):
+    """A tiny checkpoint's tokenizer with the chat format, `vocab_size` tokens in all.
+
+    For `checkpoint.make_tiny_checkpoint(..., tokenizer=chat_tokenizer(vocab))`: the byte-level BPE
+    is trained smaller by the number of added tokens, so every id stays inside the vocabulary.
+    """
+    from sglang_glm.checkpoint import default_tokenizer
+
+    return add_chat_format(default_tokenizer(vocab_size - len(SPECIAL_TOKENS) - len(MARKUP_TOKENS)))
