@@ -122,3 +122,14 @@ def test_kv_dtypes_the_backends_cannot_read_are_refused_by_name():
         pool.check_served_by("glm_dsa_torch")
     make_pool(MINI, torch.float8_e4m3fn).check_served_by("glm_dsa_torch")
     make_pool(MINI, torch.float32).check_served_by("glm_dsa_torch")
+
+
+@pytest.mark.slow
+def test_other_mla_models_keep_sglangs_cpu_fp8_refusal(tmp_path):
+    # The FP8 hooks are scoped to GLM-DSA on the plugin's backends: a DeepSeek-V3 (MLA) checkpoint
+    # with the plugin installed still stops at SGLang's own check.
+    from serving import failed_launch
+    from test_other_models import tiny_deepseek_v3
+
+    out = failed_launch(tiny_deepseek_v3(tmp_path / "dsv3"), "--kv-cache-dtype", "fp8_e4m3")
+    assert "CPU FP8 KV cache is only supported for MHA" in out, out[-3000:]
