@@ -13,6 +13,7 @@ On CPU MTP verifies greedily, so every request sets temperature 0 (others are re
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -202,6 +203,27 @@ def test_tool_choice_none_returns_no_call(server, client, tok):
     want_reasoning, want_content = split_reasoning(raw_completion(server[0], tok, messages, GREEDY["max_tokens"]))
     assert (msg.reasoning_content or "").strip() == want_reasoning
     assert (msg.content or "").strip() == want_content
+
+
+def test_concurrent_turns_get_what_they_get_alone(client):
+    # Up to 32 running requests: turns batched together (tools, reasoning, plain) answer as alone.
+    turns = [
+        dict(messages=[{"role": "user", "content": "What is 7 plus 5?"}], tools=[ADD, WEATHER]),
+        dict(messages=[{"role": "user", "content": "What is the weather in Lima?"}], tools=[WEATHER],
+             tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+        dict(messages=[{"role": "user", "content": "What is the capital of Peru?"}]),
+        dict(messages=[{"role": "user", "content": "Good morning!"}]),
+    ]
+
+    def ask(turn):
+        m = client.chat.completions.create(model="m", **turn, **GREEDY).choices[0].message
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in m.tool_calls or []]
+        return m.content, m.reasoning_content, calls
+
+    alone = [ask(t) for t in turns]
+    with ThreadPoolExecutor(len(turns) * 2) as pool:
+        together = list(pool.map(ask, turns * 2))
+    assert together == alone * 2
 
 
 MALFORMED = [

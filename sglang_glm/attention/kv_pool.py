@@ -150,8 +150,11 @@ class TorchDSAKVPool(DSATokenToKVPool):
 
     def latent_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Latent+rope rows of the slots `loc` as [len(loc), kv_lora_rank + rope] in dtype (FP8: dequantized)."""
-        rows = self.mla_rows(layer_id)[loc]
-        return fp8_kv.dequantize_mla_rows(rows, self.kv_lora_rank, dtype) if self.fp8 else rows.to(dtype)
+        buf = self.get_key_buffer(layer_id)  # waits for layers still arriving from a host cache
+        rows = buf.view(buf.shape[0], -1)[loc]
+        if not self.fp8:
+            return rows.to(dtype)
+        return fp8_kv.dequantize_mla_rows(rows.view(torch.uint8), self.kv_lora_rank, dtype)
 
     def set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope, layer_id_override=None):
         # SGLang's FP8 writer is a Triton kernel; on CPU the rows are quantized here, same bytes.
