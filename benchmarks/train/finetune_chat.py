@@ -5,7 +5,7 @@ template (`sglang_glm.chat_format`), grows the embedding and lm head by those ro
 start at the mean of the old ones, so no new token wins before training), and trains briefly with
 train.py's losses (sparse DSA, indexer distillation, MTP; 1 depth by default, to fit a CPU budget) on a mix of synthetic
 GLM-format conversations (`chat_data.py`) and standard-library source from the training split.
-Writes the checkpoint (bf16, as the bundled model) and, next to this script,
+Writes the checkpoint (bf16, as the bundled model) and, next to this script (or in --log-dir),
 finetune_chat_log.csv and finetune_chat_summary.json.
 """
 
@@ -82,6 +82,7 @@ def main(argv):
     ap.add_argument("--chat-share", type=float, default=0.6, help="share of training tokens from conversations")
     ap.add_argument("--tokens", type=int, default=3_000_000, help="size of the token stream windows are drawn from")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-dir", type=Path, default=HERE, help="where the loss log and summary go")
     a = ap.parse_args(argv)
 
     torch.manual_seed(a.seed)
@@ -95,7 +96,7 @@ def main(argv):
     gen = torch.Generator().manual_seed(a.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.1)
     balance = ExpertLoad(model, rate=1e-3)
-    log_path = HERE / "finetune_chat_log.csv"
+    log_path = a.log_dir / "finetune_chat_log.csv"
     fields = ["step", "seconds", "lr", "loss", "lm", *[f"mtp{k + 1}" for k in range(depths)], "indexer_kl"]
     log = csv.DictWriter(log_path.open("w", newline=""), fields)
     log.writeheader()
@@ -130,7 +131,7 @@ def main(argv):
                "steps": step, "train_seconds": round(time.time() - start, 1),
                "tokens_seen": step * a.batch * a.context, "context": a.context, "batch": a.batch, "lr": a.lr, "mtp_depths": depths,
                "data_mix": {"chat_share": a.chat_share, **mix}, "final": row, "vocab": len(tok)}
-    (HERE / "finetune_chat_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (a.log_dir / "finetune_chat_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
 
