@@ -4,10 +4,10 @@ One `sglang_glm.cpu_compat.launch_server` serves the bundled chat model (glm-dsa
 chat template, special tokens) with `--tool-call-parser glm47 --reasoning-parser glm45`, EAGLE
 at 5 steps, `--kv-cache-dtype fp8_e4m3` and `--max-running-requests 32`. Checked: chat completions
 streamed and not, reasoning separated from content exactly where the generated tokens put
-`</think>`, tool calls (named: forced by SGLang's structural-tag constrained decoding; auto: the
-model's own choice) as structured `tool_calls` with JSON arguments and a follow-up turn with the
-result, `tool_choice` none, 4xx for malformed requests, the KV pool's bytes-per-token log line,
-and greedy tokens of the FP8 cache against transformers' float32 ones.
+`</think>`, tool calls (named and auto: the model's own; one forced by SGLang's EBNF constrained
+decoding) as structured `tool_calls` with JSON arguments and a follow-up turn with the result,
+`tool_choice` none, 4xx for malformed requests, the KV pool's bytes-per-token log line, and greedy
+tokens of the FP8 cache against transformers' float32 ones.
 On CPU MTP verifies greedily, so every request sets temperature 0 (others are refused).
 """
 
@@ -148,7 +148,7 @@ def _args(call, tool) -> dict:
     return args
 
 
-def test_named_tool_choice_forces_a_call_then_a_follow_up_turn(client):
+def test_named_tool_choice_call_then_a_follow_up_turn(client):
     messages = [{"role": "user", "content": "What is the weather in Rome?"}]
     resp = client.chat.completions.create(
         model="m", messages=messages, tools=[WEATHER, ADD],
@@ -172,6 +172,37 @@ def test_named_tool_choice_forces_a_call_then_a_follow_up_turn(client):
     assert final.finish_reason in ("stop", "length", "tool_calls")
     assert (final.message.content or final.message.reasoning_content or final.message.tool_calls)
     assert not any(m in (final.message.content or "") for m in MARKUP)
+
+
+# A call of `add` in GLM-4.7 markup after the reasoning block: SGLang's EBNF constraint (xgrammar).
+FORCED_ADD = ('root ::= [a-zA-Z .]+ "</think><tool_call>add<arg_key>a</arg_key><arg_value>" [0-9]+ '
+              '"</arg_value><arg_key>b</arg_key><arg_value>" [0-9]+ "</arg_value></tool_call>"')
+
+
+def test_constrained_decoding_forces_a_call_the_model_would_not_make(client):
+    # A question the model answers without tools; an EBNF grammar makes it generate an add call,
+    # which the glm47 parser turns into a structured call from the generated tokens.
+    messages = [{"role": "user", "content": "What is the capital of Japan?"}]
+    free = client.chat.completions.create(model="m", messages=messages, tools=[ADD], **GREEDY).choices[0]
+    assert not free.message.tool_calls and free.finish_reason == "stop", free
+    forced = client.chat.completions.create(model="m", messages=messages, tools=[ADD], **GREEDY,
+                                            extra_body={"ebnf": FORCED_ADD}).choices[0]
+    assert forced.finish_reason == "tool_calls" and forced.message.tool_calls, forced
+    assert forced.message.tool_calls[0].function.name == "add"
+    _args(forced.message.tool_calls[0], ADD)
+    assert forced.message.reasoning_content == free.message.reasoning_content
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "SGLang 0.5.23 does not enforce a named tool_choice with --tool-call-parser glm47 and "
+    "--reasoning-parser glm45 (thinking on and off; with thinking on, serving_chat.py builds the "
+    "glm_4_7 structural tag with the reasoning block the reasoning grammar already owns, so after "
+    "</think> the tag admits free text)"))
+def test_named_tool_choice_is_enforced_by_sglang(client):
+    forced = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "What is the capital of Japan?"}], tools=[ADD],
+        tool_choice={"type": "function", "function": {"name": "add"}}, **GREEDY).choices[0]
+    assert forced.message.tool_calls, forced
 
 
 def test_auto_tool_choice_the_model_calls_the_tool(client):
