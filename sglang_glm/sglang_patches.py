@@ -6,7 +6,7 @@ else to SGLang untouched. On every platform: the DSA KV pool follows the attenti
 GLM-DSA requests that would crash SGLang's scheduler, get a 500 or a cut stream, or silently mean
 something else get a 400; GLM-DSA's server-arg defaults (CUDA: the plugin's Triton backend);
 prefill without CUDA graphs and the top-k buffer sized once for the plugin's backends; EAGLE's
-draft backends and flag checks. Four apply only on the CPU path. `hooks()` lists them;
+draft backends and flag checks. Six apply only on the CPU path. `hooks()` lists them;
 `plugin.register()` checks every target exists before `apply()` registers any.
 """
 
@@ -201,6 +201,48 @@ def _plugin_kv_pool(original, configurator, *, kind, default):
     return original(configurator, kind=kind, default=default)
 
 
+def _glm_dsa_fp8_kv_on_plugin_backend(model_config, kv_cache_dtype) -> bool:
+    import torch
+
+    return (kv_cache_dtype == torch.float8_e4m3fn and is_glm_dsa(model_config.hf_config)
+            and _plugin_backend_in_use())
+
+
+def _fp8_mla_row_bytes(original, *, model_config, kv_cache_dtype):
+    # SGLang sizes FP8 DSA rows for latents that are multiples of 128 only (it asserts); the
+    # plugin's CPU writer also lays out narrower latents (fp8_kv: one scale for the last group).
+    if not _glm_dsa_fp8_kv_on_plugin_backend(model_config, kv_cache_dtype):
+        return original(model_config=model_config, kv_cache_dtype=kv_cache_dtype)
+    from sglang_glm.attention.fp8_kv import mla_row_bytes
+
+    return mla_row_bytes(model_config.kv_lora_rank, model_config.qk_rope_head_dim)
+
+
+class _PlatformBesidesCpuFp8Check:
+    """SGLang's platform, except that is_cpu() is False: its CPU FP8 check knows only AMX MHA."""
+
+    def __init__(self, platform):
+        self._platform = platform
+
+    def is_cpu(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._platform, name)
+
+
+def _cpu_fp8_kv_for_glm_dsa(original, configurator, *args, **kwargs):
+    # SGLang refuses FP8 KV on CPU for every MLA model ("only supported for MHA"); the plugin's
+    # pool and CPU backend store and read GLM-DSA's FP8 layouts themselves. The platform read
+    # there is this module's only is_cpu() call on the MLA path.
+    if not _glm_dsa_fp8_kv_on_plugin_backend(configurator.model_config, configurator.kv_cache_dtype):
+        return original(configurator, *args, **kwargs)
+    from sglang.srt.mem_cache import kv_cache_configurator as module
+
+    with mock.patch.object(module, "current_platform", _PlatformBesidesCpuFp8Check(module.current_platform)):
+        return original(configurator, *args, **kwargs)
+
+
 def _per_position_acceptance(result, manager, meta_info, recv_obj, i, *args, **kwargs):
     # SGLang reports only the accepted-drafts histogram per request; per-position rates follow from it.
     if not is_glm_dsa(manager.model_config.hf_config):
@@ -293,7 +335,7 @@ class Hook(NamedTuple):
 
 
 def hooks() -> list[Hook]:
-    """Every hook this process needs: most on every platform, four on the CPU path only."""
+    """Every hook this process needs: most on every platform, six on the CPU path only."""
     everywhere = [
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
              _plugin_kv_pool, "AROUND"),
@@ -328,6 +370,10 @@ def hooks() -> list[Hook]:
         Hook("sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, "AROUND"),
         Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
              _per_position_acceptance, "AFTER"),
+        Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure",
+             _cpu_fp8_kv_for_glm_dsa, "AROUND"),
+        Hook("sglang.srt.mem_cache.kv_cache_configurator.calculate_mla_kv_cache_dim",
+             _fp8_mla_row_bytes, "AROUND"),
     ]
 
 

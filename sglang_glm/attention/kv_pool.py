@@ -4,9 +4,10 @@ It keeps SGLang's MLA KV layout and addressing (it subclasses the pool SGLang bu
 models, so every isinstance check holds) but stores index keys for full layers only: a shared
 layer owns no index-K memory at all. Two layouts, by the KV dtype SGLang resolves:
 - the model dtype or bfloat16: [576]-wide latent+rope rows, index keys [slots, 128] in that dtype;
-- fp8_e4m3 (`--kv-cache-dtype fp8_e4m3`, Triton backend only): FlashMLA's 656-byte rows (SGLang's
-  own DSA writer quantizes them) and index keys in 64-token pages of 64 x 128 e4m3 bytes followed
-  by 64 fp32 scales (132 bytes a token), the layouts `glm_dsa_kernels` reads.
+- fp8_e4m3 (`--kv-cache-dtype fp8_e4m3`): FlashMLA's 656-byte rows (on CUDA SGLang's own DSA
+  writer quantizes them, on CPU `fp8_kv.quantize_mla_rows`) and index keys in 64-token pages of
+  64 x 128 e4m3 bytes followed by 64 fp32 scales (132 bytes a token), the layouts
+  `glm_dsa_kernels` reads (`fp8_kv` has the formulas for other latent widths).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import List, Optional
 
 import torch
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
+
+from sglang_glm.attention import fp8_kv
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +91,27 @@ class TorchDSAKVPool(DSATokenToKVPool):
             self.index_dtype,
             sum(self.skip_topk_layers),
         )
+        full, shared = self.bytes_per_token_per_layer()
+        logger.info(
+            "KV cache bytes per token per layer (%s): full layers %d (MLA %d + index K %d), "
+            "shared layers %d (MLA %d)",
+            "fp8_e4m3" if self.fp8 else self.dtype, sum(full), full[0], full[1], shared, shared,
+        )
+
+    def bytes_per_token_per_layer(self) -> tuple[tuple[int, int], int]:
+        """((MLA row, index key) bytes of a full layer, MLA row bytes of a shared layer)."""
+        mla = self.kv_buffer[0][0].numel() * self.kv_buffer[0].element_size()
+        index = (fp8_kv.index_k_token_bytes(self.index_head_dim) if self.fp8
+                 else self.index_head_dim * self.index_dtype.itemsize)
+        return (mla, index), mla
+
+    def check_served_by(self, backend: str) -> None:
+        """Refuse, at start-up, a KV dtype the plugin's backends do not read (never a silent cast)."""
+        if not self.fp8 and self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"{backend} reads the KV cache in float32, bfloat16, float16 or FlashMLA's FP8 layout; "
+                f"the KV cache dtype is {self.dtype}: start with --kv-cache-dtype auto, bfloat16 or fp8_e4m3"
+            )
 
     def get_kv_size_bytes(self):
         index_bytes = sum(b.numel() * b.element_size() for b in self.index_k_buffer if b is not None)
@@ -105,15 +129,40 @@ class TorchDSAKVPool(DSATokenToKVPool):
             buf[loc] = index_k.to(self.index_dtype)
             return
         # Per-token absmax scale; codes and scale land in the token's page (FlashMLA-style layout).
-        k = index_k.float()
-        scale = k.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
-        codes = (k / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+        codes, scale = fp8_kv.quantize_index_k(index_k)
         page, slot = loc // FP8_INDEX_PAGE, loc % FP8_INDEX_PAGE
         dim = self.index_head_dim
         cols = slot[:, None] * dim + torch.arange(dim, device=loc.device)
         buf[page[:, None], cols] = codes
         scales = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
         scales[page, slot] = scale
+
+    def index_k_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Index keys of the slots `loc` as [len(loc), index_head_dim] in dtype (FP8: dequantized)."""
+        buf = self.index_k(layer_id)
+        if not self.fp8:
+            return buf[loc].to(dtype)
+        dim = self.index_head_dim
+        page, slot = loc // FP8_INDEX_PAGE, loc % FP8_INDEX_PAGE
+        codes = buf[page[:, None], slot[:, None] * dim + torch.arange(dim, device=loc.device)]
+        scale = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)[page, slot]
+        return fp8_kv.dequantize_index_k(codes, scale, dtype)
+
+    def latent_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Latent+rope rows of the slots `loc` as [len(loc), kv_lora_rank + rope] in dtype (FP8: dequantized)."""
+        buf = self.get_key_buffer(layer_id)  # waits for layers still arriving from a host cache
+        rows = buf.view(buf.shape[0], -1)[loc]
+        if not self.fp8:
+            return rows.to(dtype)
+        return fp8_kv.dequantize_mla_rows(rows.view(torch.uint8), self.kv_lora_rank, dtype)
+
+    def set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope, layer_id_override=None):
+        # SGLang's FP8 writer is a Triton kernel; on CPU the rows are quantized here, same bytes.
+        if not (self.fp8 and torch.device(self.device).type == "cpu"):
+            return super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, layer_id_override)
+        layer_id = layer.layer_id if layer_id_override is None else layer_id_override
+        rows = fp8_kv.quantize_mla_rows(cache_k_nope.reshape(loc.shape[0], -1), cache_k_rope.reshape(loc.shape[0], -1))
+        self.mla_rows(layer_id)[loc] = rows
 
     def index_k_pages(self, layer_id: int, page: int) -> torch.Tensor:
         """The index-K cache as the Triton indexer reads it: [pages, page, dim] or FP8 [pages, 64 * 132]."""

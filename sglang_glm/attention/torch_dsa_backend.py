@@ -70,11 +70,7 @@ class TorchDSABackend(AttentionBackend, DsaIndexBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
-        if self.token_to_kv_pool.fp8:
-            raise ValueError(
-                f"{TORCH_BACKEND} reads KV rows in the model dtype or bfloat16; --kv-cache-dtype "
-                "fp8_e4m3 needs --attention-backend glm_dsa_triton"
-            )
+        self.token_to_kv_pool.check_served_by(TORCH_BACKEND)
         self.forward_metadata: Optional[DSAForwardMetadata] = None
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
@@ -125,12 +121,11 @@ class TorchDSABackend(AttentionBackend, DsaIndexBackend):
     ) -> torch.Tensor:
         """Top-k key positions per query token, -1 past the visible keys: [T, topk] int32."""
         meta = self.forward_metadata
-        index_k = self.token_to_kv_pool.index_k(layer_id)
         out = torch.full((q.shape[0], topk), -1, dtype=torch.int32, device=q.device)
         for group, (seq_len, start, count) in enumerate(
             zip(meta.seq_lens, meta.query_starts, meta.query_counts)
         ):
-            keys = index_k[meta.keys_of(self.req_to_token, group)].float()  # [L, D]
+            keys = self.token_to_kv_pool.index_k_rows(layer_id, meta.keys_of(self.req_to_token, group))  # [L, D]
             key_pos = torch.arange(seq_len, device=q.device)
             step = max(1, _MAX_BLOCK_ELEMS // max(1, seq_len * q.shape[1]))
             for s in range(start, start + count, step):
@@ -170,16 +165,18 @@ class TorchDSABackend(AttentionBackend, DsaIndexBackend):
                 f"{TORCH_BACKEND} is a sparse-attention backend: layer {layer.layer_id} must pass "
                 "topk_indices from the top-k buffer"
             )
+        pool = self.token_to_kv_pool
         if save_kv_cache and k is not None:
-            self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+            # FP8: rows are quantized from bfloat16, as the CUDA backends write them.
+            pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k.to(pool.dtype_for_writes),
+                                   k_rope.to(pool.dtype_for_writes))
         num_heads, dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         q = q.view(-1, num_heads, dim)
         out = q.new_empty((q.shape[0], num_heads, v_dim))
-        kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id).squeeze(1)  # [P, dim]
         meta = self.forward_metadata
         for group, (start, count) in enumerate(zip(meta.query_starts, meta.query_counts)):
-            # The cache may be narrower than the model (SGLang keeps DSA KV in bfloat16 on GPUs).
-            req_kv = kv[meta.keys_of(self.req_to_token, group)].to(q.dtype)  # [L, dim]
+            # The cache may be narrower than the model (bfloat16 on GPUs, FP8 rows dequantized).
+            req_kv = pool.latent_rows(layer.layer_id, meta.keys_of(self.req_to_token, group), q.dtype)  # [L, dim]
             step = max(1, _MAX_BLOCK_ELEMS // (topk_indices.shape[1] * dim))
             for s in range(start, start + count, step):
                 e = min(s + step, start + count)

@@ -59,6 +59,7 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.token_to_kv_pool.check_served_by(TRITON_BACKEND)
         self.max_pages = -(-self.req_to_token.shape[1] // self.page)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.forward_metadata: Optional[TritonDSAMetadata] = None
