@@ -70,7 +70,8 @@ def test_kv_pool_follows_the_attention_backend():
 
 def _runner(req_to_token, page_size=64):
     return SimpleNamespace(device=torch.device("cpu"), page_size=page_size,
-                           req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None)
+                           req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
+                           token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None))
 
 
 def _on_h200(build, *args):
