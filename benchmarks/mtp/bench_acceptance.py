@@ -53,16 +53,6 @@ def hardware() -> str:
     return f"{model}, {os.cpu_count()} CPU cores, no GPU (SGLang CPU path, float32)"
 
 
-def prompts_from(text_path: Path, tokenizer, n: int, length: int) -> list[list[int]]:
-    text = text_path.read_text()
-    stride = max(len(text) // max(n, 1), 1)
-    out = []
-    for i in range(n):
-        ids = tokenizer(text[i * stride : i * stride + 8 * length])["input_ids"][:length]
-        out.append(ids)
-    return out
-
-
 def serve(model, prompts, new_tokens, steps, recycle, share) -> tuple[list, list, float]:
     import sglang as sgl
 
@@ -108,9 +98,10 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     from sglang_glm.mtp.acceptance import AcceptanceStats
+    from sglang_glm_tools.carry_check import prompts_from
 
     tok = AutoTokenizer.from_pretrained(str(a.model))
-    prompts = prompts_from(a.text, tok, a.prompts, a.prompt_len)
+    prompts = prompts_from(a.text.read_text(), tok, a.prompts, a.prompt_len)
     results = {
         "model": str(a.model.relative_to(ROOT) if a.model.is_relative_to(ROOT) else a.model),
         "hardware": hardware(),
