@@ -12,27 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+# Run as a script, this folder is on sys.path already.
+from bench_acceptance import hardware
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TEXT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
 STEPS = 5
-
-
-def hardware() -> str:
-    model = platform.processor() or "unknown CPU"
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            model = line.split(":", 1)[1].strip()
-    import os
-
-    return f"{model}, {os.cpu_count()} CPU cores, no GPU (SGLang CPU path, float32)"
 
 
 def target_tokens(model: Path, prompts, new_tokens: int) -> list[list[int]]:
