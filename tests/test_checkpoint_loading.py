@@ -107,3 +107,15 @@ def test_unknown_tensors_fail(tmp_path, extra, message):
     save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
     log = failed_launch(ckpt)
     assert extra in log and message in log
+
+
+def test_dummy_load_format_serves_target_and_mtp(tmp_path):
+    """`--load-format dummy` (SGLang's benchmarking loader) skips load_weights; the models'
+    post_load_weights must still absorb kv_b_proj, for the target and for the MTP draft."""
+    ckpt = make_tiny_checkpoint(tmp_path, seed=5)
+    with engine(
+        ckpt, load_format="dummy", speculative_algorithm="EAGLE", speculative_num_steps=2,
+        speculative_eagle_topk=1, speculative_num_draft_tokens=3,
+    ) as llm:
+        tokens = greedy(llm, PROMPTS, 6)
+    assert [len(t) for t in tokens] == [6, 6]

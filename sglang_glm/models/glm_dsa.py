@@ -447,6 +447,10 @@ class GlmMoeDsaForCausalLM(nn.Module):
                 continue
             accounting.loaded.add(load_tensor(params, expert_mapping, name, tensor, type(self).__name__))
         accounting.finish(params)
+        self.post_load_weights()
+
+    def post_load_weights(self) -> None:
+        """Absorb kv_b_proj; SGLang calls this itself for loaders that skip load_weights (dummy)."""
         for layer in self.model.layers[self.start_layer : self.end_layer]:
             layer.self_attn.absorb_kv_b_proj(dequantized_weight(layer.self_attn.kv_b_proj))
 

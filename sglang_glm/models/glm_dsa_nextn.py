@@ -199,6 +199,10 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
                 f"model.layers.{self.config.num_hidden_layers}.*); speculative decoding with "
                 "EAGLE/NEXTN needs a checkpoint with its MTP layer (num_nextn_predict_layers: 1)"
             )
+        self.post_load_weights()
+
+    def post_load_weights(self) -> None:
+        """Absorb kv_b_proj; SGLang calls this itself for loaders that skip load_weights (dummy)."""
         attn = self.model.decoder.self_attn
         attn.absorb_kv_b_proj(dequantized_weight(attn.kv_b_proj))
 
