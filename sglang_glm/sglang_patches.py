@@ -17,7 +17,9 @@ import logging
 from typing import Callable, NamedTuple
 from unittest import mock
 
-from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND, on_cpu_engine
+from sglang_glm.attention.backends import (
+    PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND, on_cpu_engine, triton_geometry_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
     from sglang.srt.arg_groups.overrides import declare_resolution
 
-    if not is_glm_dsa(model_config_of(server_args).hf_config):
+    hf_config = model_config_of(server_args).hf_config
+    if not is_glm_dsa(hf_config):
         return original(server_args, *args, **kwargs)
     user = resolving_view(server_args)
     user_kv_dtype, user_page = user.kv_cache_dtype, user.page_size
@@ -47,7 +50,11 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
         result = original(server_args, *args, **kwargs)
     # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
     # the path this project runs (README, "On a GPU deployment").
-    if not on_cpu_engine() and user_backend == (None, None, None):
+    default_triton = not on_cpu_engine() and user_backend == (None, None, None)
+    problem = triton_geometry_problem(hf_config)
+    if problem and (default_triton or TRITON_BACKEND in user_backend):
+        raise ValueError(problem)  # at launch: the kernels would stop the scheduler at its first forward
+    if default_triton:
         declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND)
     # The CPU cache keeps the model dtype (SGLang's DSA default picks a GPU cache dtype).
     if on_cpu_engine() and user_kv_dtype == "auto":
@@ -201,6 +208,25 @@ def _plugin_kv_pool(original, configurator, *, kind, default):
     return original(configurator, kind=kind, default=default)
 
 
+def _plugin_index_k_cell_size(original, configurator, *, kvc, num_layers, allocate_all_layers=False):
+    # SGLang sizes every DSA index key as FP8 (132 bytes for 128 dims); the plugin's pool keeps them in
+    # the KV dtype (256 bytes in BF16), full layers only. Sized SGLang's way, a model whose index keys
+    # outweigh its latent rows overfills the GPU at start-up (CUDA OOM at --mem-fraction-static 0.88).
+    hf_config = kvc.model_config.hf_config
+    if not (is_glm_dsa(hf_config) and _plugin_backend_in_use()):
+        return original(configurator, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
+    from sglang.srt.configs.model_config import dsa_layer_skips_topk
+
+    from sglang_glm.attention.kv_pool import index_k_bytes
+
+    if allocate_all_layers or kvc.is_draft_worker:  # the MTP layer owns an indexer
+        full_layers = num_layers
+    else:
+        first = kvc.layer_info.start_layer
+        full_layers = sum(not dsa_layer_skips_topk(hf_config, first + i) for i in range(num_layers))
+    return full_layers * index_k_bytes(hf_config.index_head_dim, kvc.kv_cache_dtype)
+
+
 def _glm_dsa_fp8_kv_on_plugin_backend(model_config, kv_cache_dtype) -> bool:
     import torch
 
@@ -339,6 +365,8 @@ def hooks() -> list[Hook]:
     everywhere = [
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
              _plugin_kv_pool, "AROUND"),
+        Hook("sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
+             _plugin_index_k_cell_size, "AROUND"),
         Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager.generate_request",
              _guard_glm_dsa_batch, "AROUND"),
         Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object",

@@ -1,7 +1,8 @@
-"""The GPU-only paths (written, not run: SGLang cannot run on the project's GPU machine), as far as
-their plumbing can be checked on CPU: which indexer and KV pool each attention backend gets, and
-how the Triton backend lays out the batch for its kernels."""
+"""The GPU-only paths as far as their plumbing can be checked on CPU (tests/gpu runs them on the H200):
+which indexer and KV pool each attention backend gets, which models the Triton backend refuses, and
+how it lays out the batch for its kernels."""
 
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -66,6 +67,29 @@ def test_kv_pool_follows_the_attention_backend():
         assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is object
     with mock.patch(BACKENDS, return_value=("glm_dsa_torch",) * 2):
         assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
+
+
+def test_triton_geometry_is_the_kernels_and_glm5s():
+    from glm_dsa_kernels import indexer, sparse_mla
+
+    from sglang_glm.attention.backends import TRITON_GEOMETRY, triton_geometry_problem
+
+    g = TRITON_GEOMETRY
+    assert (g["index_n_heads"], g["index_head_dim"]) == (indexer.N_HEADS, indexer.HEAD_DIM)
+    assert (g["kv_lora_rank"] + g["qk_rope_head_dim"], g["kv_lora_rank"]) == (sparse_mla.D_QK, sparse_mla.D_V)
+    assert triton_geometry_problem(_config()) is None
+
+
+def test_triton_backend_refuses_other_geometries_at_launch():
+    """The bundled model (latent 48, rope 32, indexer 8 x 48) stopped the H200 scheduler at its first
+    forward with a bare kernel assert; the launch must refuse it by field, value and fix instead."""
+    from serving import failed_launch
+
+    mini = Path(__file__).resolve().parents[1] / "assets" / "glm-dsa-mini"
+    log = failed_launch(mini, "--attention-backend", "glm_dsa_triton")
+    for text in ("kv_lora_rank=48", "qk_rope_head_dim=32", "index_n_heads=8", "index_head_dim=48",
+                 "kv_lora_rank=512", "--attention-backend glm_dsa_torch"):
+        assert text in log, (text, log[-3000:])
 
 
 def _runner(req_to_token, page_size=64):

@@ -133,3 +133,36 @@ def test_other_mla_models_keep_sglangs_cpu_fp8_refusal(tmp_path):
 
     out = failed_launch(tiny_deepseek_v3(tmp_path / "dsv3"), "--kv-cache-dtype", "fp8_e4m3")
     assert "CPU FP8 KV cache is only supported for MHA" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("geometry", [GLM52, MINI])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+@pytest.mark.parametrize("skip, draft", [((False, True, True, True), False), ((False,) * 4, False),
+                                         ((False, True), True)])
+def test_sglang_sizes_the_pool_by_the_index_keys_it_allocates(geometry, dtype, skip, draft):
+    """SGLang divides free memory by its per-token cell size; the index-K part must be the bytes this
+    pool really allocates per token (SGLang's own formula is FP8 for every dtype: with BF16 keys the
+    bundled model overfilled the H200 at start-up)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
+
+    from sglang_glm import sglang_patches
+
+    plan = ["shared" if s else "full" for s in skip]
+    hf_config = SimpleNamespace(architectures=["GlmMoeDsaForCausalLM"], indexer_types=plan, index_topk=64,
+                                index_head_dim=geometry["index_head_dim"])
+    kvc = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config), is_draft_worker=draft,
+                          layer_info=SimpleNamespace(start_layer=0), kv_cache_dtype=dtype)
+    pool = make_pool(geometry, dtype, skip=(False,) * len(skip) if draft else skip)  # draft pools skip none
+    allocated = sum(b.numel() * b.element_size() for b in pool.index_k_buffer if b is not None)
+    want = allocated // (pool.size + pool.page_size)
+
+    target = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size"
+    assert any(h.target == target and h.fn is sglang_patches._plugin_index_k_cell_size for h in sglang_patches.hooks())
+    with mock.patch("sglang.srt.runtime_context.attention_backends", return_value=("glm_dsa_triton",) * 2):
+        got = sglang_patches._plugin_index_k_cell_size(
+            DefaultPoolConfigurator._compute_dsa_indexer_cell_size, None, kvc=kvc, num_layers=len(skip),
+            allocate_all_layers=draft)
+    assert got == want

@@ -18,6 +18,22 @@ TRITON_BACKEND = "glm_dsa_triton"  # the plugin's Triton kernels: the CUDA defau
 PLUGIN_BACKENDS = (TORCH_BACKEND, TRITON_BACKEND)
 SGLANG_DSA_BACKEND = "dsa"  # SGLang's own CUDA backend (FlashMLA + DeepGEMM, its own indexer)
 
+# The attention geometry glm_dsa_kernels is built for (GLM-5's; kernels/glm_dsa_kernels: sparse_mla D_QK
+# and D_V, indexer N_HEADS and HEAD_DIM). Other geometries are served by the PyTorch backend.
+TRITON_GEOMETRY = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_n_heads": 32, "index_head_dim": 128}
+
+
+def triton_geometry_problem(hf_config) -> str | None:
+    """Why the Triton backend cannot serve this model (None when it can)."""
+    wrong = {k: getattr(hf_config, k, None) for k, v in TRITON_GEOMETRY.items() if getattr(hf_config, k, None) != v}
+    if not wrong:
+        return None
+    have = ", ".join(f"{k}={v}" for k, v in wrong.items())
+    need = ", ".join(f"{k}={TRITON_GEOMETRY[k]}" for k in wrong)
+    return (f"attention backend {TRITON_BACKEND}: its Triton kernels are built for GLM-5's attention geometry "
+            f"({need}); this model's config.json has {have}. Serve it with --attention-backend {TORCH_BACKEND} "
+            f"(plain PyTorch, exact, slower)")
+
 # SGLang's switch to its CPU engine (set by sglang_glm.cpu_compat.activate).
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 

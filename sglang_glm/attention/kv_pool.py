@@ -25,6 +25,13 @@ logger = logging.getLogger(__name__)
 FP8_INDEX_PAGE = 64  # tokens per FP8 index-K page (glm_dsa_kernels.indexer.PAGE_SIZE)
 
 
+def index_k_bytes(index_head_dim: int, kv_dtype: torch.dtype) -> int:
+    """Bytes of one token's index key in one full layer: FP8 codes + fp32 scale, or the KV dtype."""
+    if kv_dtype == torch.float8_e4m3fn:
+        return fp8_kv.index_k_token_bytes(index_head_dim)
+    return index_head_dim * kv_dtype.itemsize
+
+
 class TorchDSAKVPool(DSATokenToKVPool):
     def __init__(
         self,
@@ -101,9 +108,7 @@ class TorchDSAKVPool(DSATokenToKVPool):
     def bytes_per_token_per_layer(self) -> tuple[tuple[int, int], int]:
         """((MLA row, index key) bytes of a full layer, MLA row bytes of a shared layer)."""
         mla = self.kv_buffer[0][0].numel() * self.kv_buffer[0].element_size()
-        index = (fp8_kv.index_k_token_bytes(self.index_head_dim) if self.fp8
-                 else self.index_head_dim * self.index_dtype.itemsize)
-        return (mla, index), mla
+        return (mla, index_k_bytes(self.index_head_dim, torch.float8_e4m3fn if self.fp8 else self.index_dtype)), mla
 
     def check_served_by(self, backend: str) -> None:
         """Refuse, at start-up, a KV dtype the plugin's backends do not read (never a silent cast)."""
