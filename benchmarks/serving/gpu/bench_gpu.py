@@ -1,0 +1,257 @@
+"""GLM-5.2-shaped serving on one GPU: `sglang.launch_server` with the plugin, driven by SGLang's own
+`bench_serving` (run in this process, one import for all workloads).
+
+A run is a list of `config:workload,workload,...` items; each config is one server (started, measured,
+stopped), each workload one bench_serving call against it. Every finished workload appends a line to
+OUT/results.jsonl at once, so a run cut short keeps what it measured; `report.py` turns the lines of
+one or more runs into the table and plots.
+
+    python benchmarks/serving/gpu/make_glm52_shaped.py /tmp/glm52
+    python benchmarks/serving/gpu/bench_gpu.py --model /tmp/glm52 --out $OUT \
+        --run indexcache:prefill_128k,decode_128k_b1 --run all_full:prefill_128k,decode_128k_b1
+
+Configs (the model directory's own plan is IndexCache on, one full layer in four):
+  indexcache      plan from config.json, BF16 KV cache, CUDA graphs (the default launch)
+  all_full        every layer runs its indexer (--json-model-override-args indexer_types)
+  eager           --disable-cuda-graph
+  fp8_kv          --kv-cache-dtype fp8_e4m3
+  mtp_share_on    EAGLE through the MTP layer, 3 draft steps; draft steps 1+ reuse step 0's top-k
+  mtp_share_off   the same with index_share_for_mtp_iteration false: every draft step runs the indexer
+
+A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
+with its long-context pool; one with weights (a trained model) is served as is, and the text_*
+workloads send it held-out text (benchmarks/train/data/heldout.txt), where MTP acceptance is real.
+
+On a CPU machine (no CUDA) the server is the plugin's CPU launcher and every length is scaled down by
+--scale: a smoke run of the script, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+sys.path.insert(0, str(HERE.parent))  # benchmarks/serving: the CPU benchmark's server helper
+
+from bench_serving import server  # noqa: E402
+
+EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+GPU_SERVER_ARGS = [
+    "--dtype", "bfloat16",
+    "--cuda-graph-max-bs-decode", "64", "--chunked-prefill-size", "16384",
+    "--sampling-backend", "pytorch", "--grammar-backend", "none", "--log-level", "info",
+    "--decode-log-interval", "200",  # overrides the CPU benchmark's per-step log line: no scheduler spam
+]
+# A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
+# every token to the same experts, so SGLang's switch spreads them (never with trained weights).
+# The shaped model takes most of the GPU for a 128K-context pool; a small trained model gets a bounded
+# pool (at 0.88 its per-token buffers outgrow what SGLang's pool sizing reserves: CUDA OOM at start-up).
+DUMMY_ARGS = ["--load-format", "dummy", "--mem-fraction-static", "0.88"]
+TRAINED_ARGS = ["--max-total-tokens", "262144"]
+DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
+
+
+def override(**fields) -> list[str]:
+    return ["--json-model-override-args", json.dumps(fields)]
+
+
+def configs(n_layers: int) -> dict[str, list[str]]:
+    return {
+        "indexcache": [],
+        "all_full": override(indexer_types=["full"] * n_layers),
+        "eager": ["--disable-cuda-graph"],
+        "fp8_kv": ["--kv-cache-dtype", "fp8_e4m3"],
+        "mtp_share_on": EAGLE + override(index_share_for_mtp_iteration=True),
+        "mtp_share_off": EAGLE + override(index_share_for_mtp_iteration=False),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    input_len: int  # random dataset; the text workloads take whole held-out chunks
+    output_len: int
+    batch: int  # max concurrency
+    prompts: int
+    est_s: float  # rough H200 seconds, to skip what the deadline cannot fit
+    dataset: str = "random"  # "text": held-out text, for trained models where acceptance is real
+
+
+WORKLOADS = {
+    "prefill_4k": Workload(4096, 1, 1, 4, 5),
+    "prefill_32k": Workload(32768, 1, 1, 4, 10),
+    "prefill_128k": Workload(131072, 1, 1, 3, 30),
+    "decode_b1": Workload(4096, 256, 1, 2, 10),
+    "decode_b8": Workload(4096, 256, 8, 8, 15),
+    "decode_b32": Workload(4096, 256, 32, 32, 25),
+    "decode_b64": Workload(4096, 256, 64, 64, 35),
+    "decode_128k_b1": Workload(131072, 128, 1, 2, 25),
+    "decode_128k_b8": Workload(131072, 128, 8, 8, 70),
+    "text_b1": Workload(0, 256, 1, 4, 15, "text"),
+    "text_b32": Workload(0, 256, 32, 64, 20, "text"),
+}
+
+KEEP = ["completed", "duration", "request_throughput", "input_throughput", "output_throughput",
+        "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+        "median_itl_ms", "median_e2e_latency_ms", "accept_length"]
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def hardware() -> str:
+    import sglang
+    import torch
+
+    dev = torch.cuda.get_device_name(0) if on_gpu() else f"CPU ({os.cpu_count()} cores)"
+    return f"{dev}, torch {torch.__version__}, SGLang {sglang.__version__}, Python {platform.python_version()}"
+
+
+def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
+    if w.dataset == "text":
+        from bench_serving import write_dataset
+
+        path = write_dataset(out / "heldout_sharegpt.json")
+        return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--sharegpt-output-len", str(w.output_len)]
+    return ["--dataset-name", "random", "--dataset-path", str(model / "prompts_sharegpt.json"),
+            "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
+            "--random-range-ratio", "1.0"]
+
+
+def bench_serving(url: str, model: Path, w: Workload, out_file: Path) -> dict:
+    """One `python -m sglang.bench_serving` run, in-process; its result line."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError:  # imported at module load for MMMU only; the random dataset never calls it
+        stand_in = types.ModuleType("datasets")
+        stand_in.load_dataset = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("HF datasets is not installed"))
+        sys.modules["datasets"] = stand_in
+    from sglang.benchmark.serving import cli_main
+
+    out_file.unlink(missing_ok=True)
+    argv = ["bench_serving", "--backend", "sglang", "--base-url", url, "--model", str(model),
+            "--tokenizer", str(model), *dataset_args(model, w, out_file.parent), "--num-prompts", str(w.prompts),
+            "--max-concurrency", str(w.batch), "--seed", "0", "--warmup-requests", "1",
+            "--flush-cache", "--disable-tqdm", "--output-file", str(out_file)]
+    print("    python -m sglang.bench_serving " + " ".join(argv[1:]), flush=True)
+    old = sys.argv
+    sys.argv = argv
+    try:
+        cli_main()
+    finally:
+        sys.argv = old
+    return json.loads(out_file.read_text().strip().splitlines()[-1])
+
+
+def server_info(url: str) -> dict:
+    import requests
+
+    info = requests.get(f"{url}/get_server_info", timeout=30).json()
+    state = (info.get("internal_states") or [{}])[0]
+    return {"max_total_num_tokens": info.get("max_total_num_tokens"),
+            "accept_length": state.get("avg_spec_accept_length")}
+
+
+def scaled(w: Workload, scale: float) -> Workload:
+    if scale == 1.0:
+        return w
+    return dataclasses.replace(w, input_len=max(16, int(w.input_len * scale)),
+                               output_len=max(1, min(w.output_len, 8)), prompts=min(w.prompts, 4))
+
+
+def parse_runs(items: list[str], known: dict) -> list[tuple[str, list[str]]]:
+    runs = []
+    for item in items:
+        name, _, wl = item.partition(":")
+        if name not in known:
+            raise SystemExit(f"--run {item!r}: unknown config {name!r}; choose from {sorted(known)}")
+        names = [w for w in wl.split(",") if w]
+        bad = [w for w in names if w not in WORKLOADS]
+        if bad or not names:
+            raise SystemExit(f"--run {item!r}: unknown or no workloads {bad}; choose from {sorted(WORKLOADS)}")
+        runs.append((name, names))
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="made by make_glm52_shaped.py")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--run", action="append", required=True, help="config:workload,workload,...")
+    ap.add_argument("--deadline-s", type=float, default=560, help="skip what would end past this")
+    ap.add_argument("--scale", type=float, default=None, help="length scale (default 1 on GPU, 1/256 on CPU)")
+    args = ap.parse_args()
+    t0 = time.time()
+    n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
+    runs = parse_runs(args.run, configs(n_layers))
+    gpu = on_gpu()
+    scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
+    dummy = not any(args.model.glob("*.safetensors"))
+    extra = (GPU_SERVER_ARGS if gpu else []) + (DUMMY_ARGS if dummy else TRAINED_ARGS if gpu else [])
+    server_env = DUMMY_ENV if gpu and dummy else {}
+    env = dict(server_env)
+    if gpu:  # SGLang's EAGLE worker imports FlashMLA's module on CUDA; the wheel is not on the machine
+        env = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests/gpu/standins"), os.environ.get("PYTHONPATH", "")])}
+    else:
+        from sglang_glm.cpu_compat import activate
+
+        activate()  # the in-process bench_serving imports sglang
+    os.environ.update(env)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    meta = {"hardware": hardware(), "server_args": extra, "server_env": server_env, "weights": "dummy" if dummy else "trained",
+            "scale": scale, "model": json.loads((args.model / "config.json").read_text())}
+    print(f"{meta['hardware']}; {len(runs)} server(s), deadline {args.deadline_s:.0f}s", flush=True)
+
+    for name, workloads in runs:
+        left = args.deadline_s - (time.time() - t0)
+        if left < 120:
+            print(f"[{name}] skipped: {left:.0f}s left", flush=True)
+            continue
+        print(f"[{name}] starting server (t={time.time() - t0:.0f}s)", flush=True)
+        ts = time.time()
+        flags = [*configs(n_layers)[name], *extra]
+        with server(args.model, flags, args.out / f"server_{name}.log", 64, timeout=min(480, left)) as (url, err):
+            if err:
+                print(f"  not started: {err}", flush=True)
+                with results.open("a") as f:
+                    f.write(json.dumps({"config": name, "error": err, "meta": meta}) + "\n")
+                continue
+            startup_s = round(time.time() - ts, 1)
+            for wname in workloads:
+                w = scaled(WORKLOADS[wname], scale)
+                left = args.deadline_s - (time.time() - t0)
+                if left < WORKLOADS[wname].est_s * 1.5:
+                    print(f"  {wname}: skipped, {left:.0f}s left", flush=True)
+                    continue
+                print(f"  {wname} (t={time.time() - t0:.0f}s)", flush=True)
+                try:
+                    res = bench_serving(url, args.model, w, args.out / f"{name}_{wname}.json")
+                except Exception as exc:  # keep going: the other workloads still count
+                    print(f"  {wname} failed: {exc}", flush=True)
+                    continue
+                row = {"config": name, "workload": wname, **dataclasses.asdict(w),
+                       **{k: res.get(k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
+                       "meta": meta}
+                with results.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"    TTFT {row['median_ttft_ms']:.1f} ms, TPOT {row['median_tpot_ms'] or 0:.2f} ms, "
+                      f"out {row['output_throughput']:.1f} tok/s, in {row['input_throughput']:.0f} tok/s",
+                      flush=True)
+    print(f"done in {time.time() - t0:.0f}s: {results}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
