@@ -11,6 +11,9 @@ launches), and the busy time split into kernel families, per layer where the fam
     python benchmarks/serving/gpu/profile_decode.py --model /tmp/glm52 --out DIR --from-trace T.trace.json.gz
 
 `--from-trace` summarises a trace written earlier (same --batch/--context/--steps) without serving.
+`--eager --with-stack` records Python stacks without CUDA graphs: each kernel is then attributed to
+the innermost plugin frame (`sglang_glm/...`) or, failing that, SGLang frame that launched it, which a
+graph-replay trace cannot do (its kernels all come from one graph launch).
 """
 
 from __future__ import annotations
@@ -54,6 +57,42 @@ def family(name: str) -> str:
     return "other (elementwise, copies, sampling)"
 
 
+def _short(frame: str) -> str:
+    # "…/site-packages/sglang_glm/models/glm_dsa.py(100): forward" -> "sglang_glm/models/glm_dsa.py: forward"
+    m = re.search(r"((?:sglang_glm|sglang)/[^(]*)\(\d+\): (.*)", frame)
+    return f"{m.group(1)}: {m.group(2)}" if m else frame
+
+
+def launch_owners(events: list[dict]) -> dict[int, str]:
+    """Kernel correlation id -> "plugin <frame>" / "sglang <frame>" / "other": the innermost frame of
+    the launching thread's Python stack (needs a trace recorded with_stack)."""
+    frames: dict[tuple, list] = {}
+    launches: dict[tuple, list] = {}
+    for e in events:
+        if e.get("cat") == "python_function" and "dur" in e:
+            frames.setdefault((e["pid"], e["tid"]), []).append(e)
+        elif e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            launches.setdefault((e["pid"], e["tid"]), []).append(e)
+    owners = {}
+    for key, runs in launches.items():
+        fs = sorted(frames.get(key, []), key=lambda f: (f["ts"], -f["dur"]))
+        stack, i = [], 0
+        for e in sorted(runs, key=lambda e: e["ts"]):
+            t = e["ts"]
+            while i < len(fs) and fs[i]["ts"] <= t:  # frames nest on one thread: a stack sweep
+                while stack and stack[-1]["ts"] + stack[-1]["dur"] < fs[i]["ts"]:
+                    stack.pop()
+                stack.append(fs[i])
+                i += 1
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < t:
+                stack.pop()
+            names = [f["name"] for f in reversed(stack)]
+            owner = next((f"plugin {_short(n)}" for n in names if "sglang_glm/" in n), None)
+            owner = owner or next((f"sglang {_short(n)}" for n in names if "sglang/" in n), "other")
+            owners[e["args"]["correlation"]] = owner
+    return owners
+
+
 def summarize(trace_path: Path, steps: int) -> dict:
     with gzip.open(trace_path, "rt") as f:
         trace = json.load(f)
@@ -82,6 +121,21 @@ def summarize(trace_path: Path, steps: int) -> dict:
         n[0] += e["dur"]
         n[1] += 1
     per_step = lambda x: round(x / steps, 1)  # noqa: E731
+    owners = launch_owners(events)
+    by_owner: dict[str, list] = {}
+    for e in kernels if owners else []:
+        o = by_owner.setdefault(owners.get(e.get("args", {}).get("correlation"), "other"), [0.0, 0])
+        o[0] += e["dur"]
+        o[1] += 1
+    attributed = {}
+    if by_owner:
+        side = lambda k: k.split(" ", 1)[0]  # noqa: E731
+        attributed = {
+            "us_per_step_by_side": {w: per_step(sum(v[0] for k, v in by_owner.items() if side(k) == w))
+                                    for w in ("plugin", "sglang", "other")},
+            "top_owners_us_per_step": [{"owner": k, "us": per_step(v[0]), "launches": round(v[1] / steps, 1)}
+                                       for k, v in sorted(by_owner.items(), key=lambda kv: -kv[1][0])[:40]],
+        }
     return {
         "devices": [d.get("name") for d in trace.get("deviceProperties", [])],
         "steps": steps,
@@ -93,6 +147,7 @@ def summarize(trace_path: Path, steps: int) -> dict:
                                  for k, v in sorted(fams.items(), key=lambda kv: -kv[1]["us"])},
         "top_kernels_us_per_step": [{"name": k, "us": per_step(v[0]), "launches": round(v[1] / steps, 1)}
                                     for k, v in sorted(names.items(), key=lambda kv: -kv[1][0])[:25]],
+        **({"launched_from": attributed} if attributed else {}),
     }
 
 
@@ -115,14 +170,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--timeout-s", type=float, default=400, help="give up waiting for the prefills after this")
     ap.add_argument("--from-trace", type=Path, default=None, help="summarise this trace instead of serving")
+    ap.add_argument("--eager", action="store_true", help="serve with --disable-cuda-graph")
+    ap.add_argument("--with-stack", action="store_true", help="record Python stacks (kernel attribution)")
     args = ap.parse_args()
     cfg = json.loads((args.model / "config.json").read_text())
     trace = args.from_trace or record_trace(args, cfg)
-    summary = {"hardware": "from the trace's devices" if args.from_trace else hardware(), "config": args.config, "batch": args.batch,
+    summary = {"hardware": "from the trace's devices" if args.from_trace else hardware(), "config": args.config,
+               "cuda_graphs": not args.eager, "batch": args.batch,
                "context": args.context, "num_hidden_layers": cfg["num_hidden_layers"],
                "indexer_types": cfg.get("indexer_types"), "trace": trace.name, **summarize(trace, args.steps)}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"profile_{args.config}_b{args.batch}_ctx{args.context}.json").write_text(json.dumps(summary, indent=1))
+    mode = "_eager" if args.eager else ""
+    (args.out / f"profile_{args.config}{mode}_b{args.batch}_ctx{args.context}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: summary[k] for k in ("wall_us_per_step", "gpu_busy_us_per_step", "gpu_idle_us_per_step",
                                               "kernel_launches_per_step")}), flush=True)
     for fam, v in summary["families_us_per_step"].items():
@@ -131,11 +190,12 @@ def main() -> None:
 
 def record_trace(args, cfg: dict) -> Path:
     dummy = not any(args.model.glob("*.safetensors"))
-    trace_dir = args.out / f"trace_{args.config}"
+    trace_dir = args.out / f"trace_{args.config}{'_eager' if args.eager else ''}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     os.environ.update({**(DUMMY_ENV if dummy else {}), "SGLANG_TORCH_PROFILER_DIR": str(trace_dir),
                        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests/gpu/standins"), os.environ.get("PYTHONPATH", "")])})
-    flags = [*configs(cfg["num_hidden_layers"])[args.config], *GPU_SERVER_ARGS, *(DUMMY_ARGS if dummy else [])]
+    flags = [*configs(cfg["num_hidden_layers"])[args.config], *GPU_SERVER_ARGS, *(DUMMY_ARGS if dummy else []),
+             *(["--disable-cuda-graph"] if args.eager else [])]
     rng = random.Random(0)
     prompts = [[rng.randrange(2, cfg["vocab_size"]) for _ in range(args.context)] for _ in range(args.batch)]
     t0 = time.time()
@@ -152,7 +212,7 @@ def record_trace(args, cfg: dict) -> Path:
             time.sleep(10)
         time.sleep(0.5)
         r = requests.post(f"{url}/start_profile", json={"num_steps": args.steps, "activities": ["CPU", "GPU"],
-                                                        "output_dir": str(trace_dir)}, timeout=60)
+                                                        "with_stack": args.with_stack, "output_dir": str(trace_dir)}, timeout=60)
         print(f"  profiling {args.steps} decode steps: {r.status_code} {r.text[:200]}", flush=True)
         for _ in range(120):  # the trace is written when the steps are done
             traces = sorted(trace_dir.glob("*.trace.json.gz"))
