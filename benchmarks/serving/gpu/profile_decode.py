@@ -11,9 +11,10 @@ launches), and the busy time split into kernel families, per layer where the fam
     python benchmarks/serving/gpu/profile_decode.py --model /tmp/glm52 --out DIR --from-trace T.trace.json.gz
 
 `--from-trace` summarises a trace written earlier (same --batch/--context/--steps) without serving.
-`--eager --with-stack` records Python stacks without CUDA graphs: each kernel is then attributed to
-the innermost plugin frame (`sglang_glm/...`) or, failing that, SGLang frame that launched it, which a
-graph-replay trace cannot do (its kernels all come from one graph launch).
+Traces carry Python stacks: each kernel is attributed to the innermost plugin frame (`sglang_glm/...`)
+or, failing that, SGLang frame that launched it, and the host time of the scheduler's and the plugin's
+per-step functions is summed (stack tracing inflates host times). With CUDA graphs the model's kernels
+all come from the graph replay; `--eager` serves without graphs so they are attributed one by one.
 """
 
 from __future__ import annotations
@@ -93,6 +94,22 @@ def launch_owners(events: list[dict]) -> dict[int, str]:
     return owners
 
 
+# Host functions of a decode step: SGLang's scheduler loop and model runner, and every plugin frame.
+HOST_FRAMES = (r"scheduler\.py\(\d+\): (run_batch|process_batch_result|get_next_batch_to_run)$"
+               r"|model_runner\.py\(\d+\): forward$|cuda_graph_backend\.py\(\d+\): replay$|sglang_glm/")
+
+
+def host_frames(events: list[dict], steps: int) -> list[dict]:
+    agg: dict[str, list] = {}
+    for e in events:
+        if e.get("cat") == "python_function" and "dur" in e and re.search(HOST_FRAMES, e["name"]):
+            a = agg.setdefault(_short(e["name"]), [0.0, 0])
+            a[0] += e["dur"]
+            a[1] += 1
+    return [{"frame": k, "us": round(v[0] / steps, 1), "calls": round(v[1] / steps, 1)}
+            for k, v in sorted(agg.items(), key=lambda kv: -kv[1][0])[:20]]
+
+
 def summarize(trace_path: Path, steps: int) -> dict:
     with gzip.open(trace_path, "rt") as f:
         trace = json.load(f)
@@ -148,6 +165,7 @@ def summarize(trace_path: Path, steps: int) -> dict:
         "top_kernels_us_per_step": [{"name": k, "us": per_step(v[0]), "launches": round(v[1] / steps, 1)}
                                     for k, v in sorted(names.items(), key=lambda kv: -kv[1][0])[:25]],
         **({"launched_from": attributed} if attributed else {}),
+        "host_frames_us_per_step": host_frames(events, steps),
     }
 
 
@@ -171,7 +189,6 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=400, help="give up waiting for the prefills after this")
     ap.add_argument("--from-trace", type=Path, default=None, help="summarise this trace instead of serving")
     ap.add_argument("--eager", action="store_true", help="serve with --disable-cuda-graph")
-    ap.add_argument("--with-stack", action="store_true", help="record Python stacks (kernel attribution)")
     args = ap.parse_args()
     cfg = json.loads((args.model / "config.json").read_text())
     trace = args.from_trace or record_trace(args, cfg)
@@ -212,7 +229,7 @@ def record_trace(args, cfg: dict) -> Path:
             time.sleep(10)
         time.sleep(0.5)
         r = requests.post(f"{url}/start_profile", json={"num_steps": args.steps, "activities": ["CPU", "GPU"],
-                                                        "with_stack": args.with_stack, "output_dir": str(trace_dir)}, timeout=60)
+                                                        "with_stack": True, "output_dir": str(trace_dir)}, timeout=60)
         print(f"  profiling {args.steps} decode steps: {r.status_code} {r.text[:200]}", flush=True)
         for _ in range(120):  # the trace is written when the steps are done
             traces = sorted(trace_dir.glob("*.trace.json.gz"))

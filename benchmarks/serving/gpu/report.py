@@ -137,6 +137,10 @@ def main() -> None:
                    "| launched from | us/step | launches/step |", "|---|---|---|",
                    *[f"| {o['owner']} | {o['us']:.1f} | {o['launches']:.1f} |"
                      for o in profile["launched_from"]["top_owners_us_per_step"]]]
+        if profile.get("host_frames_us_per_step"):
+            md += ["\nHost time of the step's functions (us/step, stack tracing on: inflated)\n",
+                   "| function | us/step | calls/step |", "|---|---|---|",
+                   *[f"| {h['frame']} | {h['us']:.1f} | {h['calls']:.1f} |" for h in profile["host_frames_us_per_step"]]]
     (args.results / "table.md").write_text("\n".join(md) + "\n")
     (args.results / "ratios.json").write_text(json.dumps(found, indent=1))
     plots(rows, found, next((p for p in profiles if p.get("cuda_graphs", True)), None), args.results)
