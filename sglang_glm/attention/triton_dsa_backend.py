@@ -136,12 +136,14 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
                 tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, forward_batch.seq_lens, per_request)
         else:
             key_limit = forward_batch.positions + 1
-        table_rows = self.req_to_token[req.long()] if slot_table is self.req_to_token else slot_table
+        # Each page's first slot: gather only those columns (whole req_to_token rows are the context length).
+        first_slots = slot_table[:, :: self.page]
+        first_slots = first_slots[req.long(), :pages] if slot_table is self.req_to_token else first_slots[:, :pages]
         meta = TritonDSAMetadata(
             query_req=query_req,
             query_batch=query_batch,
             key_limit=key_limit.to(torch.int32),
-            page_table=table_rows[:, :: self.page][:, :pages] // self.page,
+            page_table=first_slots // self.page,
             slot_table=slot_table,
             tree_mask=tree_mask,
             draft_start=None if draft_start is None else draft_start.to(torch.int32),
