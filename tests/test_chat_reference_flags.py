@@ -4,8 +4,8 @@ One `sglang_glm.cpu_compat.launch_server` serves the bundled chat model (glm-dsa
 chat template, special tokens) with `--tool-call-parser glm47 --reasoning-parser glm45`, EAGLE
 at 5 steps, `--kv-cache-dtype fp8_e4m3` and `--max-running-requests 32`. Checked: chat completions
 streamed and not, reasoning separated from content exactly where the generated tokens put
-`</think>`, tool calls (named and auto: the model's own; one forced by SGLang's EBNF constrained
-decoding) as structured `tool_calls` with JSON arguments and a follow-up turn with the result,
+`</think>`, tool calls (auto: the model's own; named and "required": forced; one forced by an
+EBNF grammar in the request) as structured `tool_calls` with JSON arguments and a follow-up turn with the result,
 `tool_choice` none, 4xx for malformed requests, the KV pool's bytes-per-token log line, and greedy
 tokens of the FP8 cache against transformers' float32 ones.
 On CPU MTP verifies greedily, so every request sets temperature 0 (others are refused).
@@ -193,16 +193,24 @@ def test_constrained_decoding_forces_a_call_the_model_would_not_make(client):
     assert forced.message.reasoning_content == free.message.reasoning_content
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "SGLang 0.5.23 does not enforce a named tool_choice with --tool-call-parser glm47 and "
-    "--reasoning-parser glm45 (thinking on and off; with thinking on, serving_chat.py builds the "
-    "glm_4_7 structural tag with the reasoning block the reasoning grammar already owns, so after "
-    "</think> the tag admits free text)"))
-def test_named_tool_choice_is_enforced_by_sglang(client):
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "add"}}, "required"])
+def test_forced_tool_choice_calls_the_tool(client, tool_choice):
+    """A question the model answers in text, with the call forced by name or by "required": SGLang
+    0.5.23's GLM grammar let text come first and the model never reached the call within
+    max_tokens; the plugin's hook makes the forced turn the reasoning block, then the call."""
+    messages = [{"role": "user", "content": "What is the capital of Japan?"}]
+    free = client.chat.completions.create(model="m", messages=messages, tools=[ADD], **GREEDY).choices[0]
+    assert not free.message.tool_calls  # unforced, this model answers in text
     forced = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "What is the capital of Japan?"}], tools=[ADD],
-        tool_choice={"type": "function", "function": {"name": "add"}}, **GREEDY).choices[0]
+        model="m", messages=messages, tools=[ADD, WEATHER] if tool_choice == "required" else [ADD],
+        tool_choice=tool_choice, **GREEDY).choices[0]
     assert forced.message.tool_calls, forced
+    assert [c.function.name for c in forced.message.tool_calls][0] in ("add", "get_weather")
+    if tool_choice != "required":
+        assert forced.message.tool_calls[0].function.name == "add"
+    call = forced.message.tool_calls[0]
+    _args(call, ADD if call.function.name == "add" else WEATHER)
+    assert not (forced.message.content or "").strip()
 
 
 def test_auto_tool_choice_the_model_calls_the_tool(client):
