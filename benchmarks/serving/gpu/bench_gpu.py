@@ -10,6 +10,10 @@ one or more runs into the table and plots.
     python benchmarks/serving/gpu/bench_gpu.py --model /tmp/glm52 --out $OUT \
         --run indexcache:prefill_128k,decode_128k_b1 --run all_full:prefill_128k,decode_128k_b1
 
+Before/after in one run: `--plugin before=DIR` names a plugin installed elsewhere (`pip install --target
+DIR` from another commit); `--run indexcache@before:decode_b1` serves that config with it (its
+directory first on PYTHONPATH), `--run indexcache:decode_b1` with the installed one.
+
 Configs (the model directory's own plan is IndexCache on, one full layer in four):
   indexcache      plan from config.json, BF16 KV cache, CUDA graphs (the default launch)
   all_full        every layer runs its indexer (--json-model-override-args indexer_types)
@@ -171,18 +175,32 @@ def scaled(w: Workload, scale: float) -> Workload:
                                output_len=max(1, min(w.output_len, 8)), prompts=min(w.prompts, 4))
 
 
-def parse_runs(items: list[str], known: dict) -> list[tuple[str, list[str]]]:
+def parse_runs(items: list[str], known: dict, plugins: dict) -> list[tuple[str, str | None, list[str]]]:
+    """`config[@plugin]:workload,...` items -> (config, plugin name or None, workloads)."""
     runs = []
     for item in items:
-        name, _, wl = item.partition(":")
+        head, _, wl = item.partition(":")
+        name, _, plugin = head.partition("@")
         if name not in known:
             raise SystemExit(f"--run {item!r}: unknown config {name!r}; choose from {sorted(known)}")
+        if plugin and plugin not in plugins:
+            raise SystemExit(f"--run {item!r}: plugin {plugin!r} not given; add --plugin {plugin}=DIR")
         names = [w for w in wl.split(",") if w]
         bad = [w for w in names if w not in WORKLOADS]
         if bad or not names:
             raise SystemExit(f"--run {item!r}: unknown or no workloads {bad}; choose from {sorted(WORKLOADS)}")
-        runs.append((name, names))
+        runs.append((name, plugin or None, names))
     return runs
+
+
+def parse_plugins(items: list[str]) -> dict[str, str]:
+    plugins = {}
+    for item in items:
+        name, _, path = item.partition("=")
+        if not name or not Path(path, "sglang_glm").is_dir():
+            raise SystemExit(f"--plugin {item!r}: want NAME=DIR with DIR/sglang_glm (pip install --target DIR)")
+        plugins[name] = path
+    return plugins
 
 
 def main() -> None:
@@ -192,10 +210,12 @@ def main() -> None:
     ap.add_argument("--run", action="append", required=True, help="config:workload,workload,...")
     ap.add_argument("--deadline-s", type=float, default=560, help="skip what would end past this")
     ap.add_argument("--scale", type=float, default=None, help="length scale (default 1 on GPU, 1/256 on CPU)")
+    ap.add_argument("--plugin", action="append", default=[], help="NAME=DIR: a plugin installed in DIR")
     args = ap.parse_args()
     t0 = time.time()
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
-    runs = parse_runs(args.run, configs(n_layers))
+    plugins = parse_plugins(args.plugin)
+    runs = parse_runs(args.run, configs(n_layers), plugins)
     gpu = on_gpu()
     scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
     dummy = not any(args.model.glob("*.safetensors"))
@@ -215,19 +235,22 @@ def main() -> None:
             "scale": scale, "model": json.loads((args.model / "config.json").read_text())}
     print(f"{meta['hardware']}; {len(runs)} server(s), deadline {args.deadline_s:.0f}s", flush=True)
 
-    for name, workloads in runs:
+    base_path = os.environ.get("PYTHONPATH", "")
+    for name, plugin, workloads in runs:
+        os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
+        label = f"{name}@{plugin}" if plugin else name
         left = args.deadline_s - (time.time() - t0)
         if left < 120:
-            print(f"[{name}] skipped: {left:.0f}s left", flush=True)
+            print(f"[{label}] skipped: {left:.0f}s left", flush=True)
             continue
-        print(f"[{name}] starting server (t={time.time() - t0:.0f}s)", flush=True)
+        print(f"[{label}] starting server (t={time.time() - t0:.0f}s)", flush=True)
         ts = time.time()
         flags = [*configs(n_layers)[name], *extra]
-        with server(args.model, flags, args.out / f"server_{name}.log", 64, timeout=min(480, left)) as (url, err):
+        with server(args.model, flags, args.out / f"server_{label}.log", 64, timeout=min(480, left)) as (url, err):
             if err:
                 print(f"  not started: {err}", flush=True)
                 with results.open("a") as f:
-                    f.write(json.dumps({"config": name, "error": err, "meta": meta}) + "\n")
+                    f.write(json.dumps({"config": name, "plugin": plugin, "error": err, "meta": meta}) + "\n")
                 continue
             startup_s = round(time.time() - ts, 1)
             for wname in workloads:
@@ -238,11 +261,11 @@ def main() -> None:
                     continue
                 print(f"  {wname} (t={time.time() - t0:.0f}s)", flush=True)
                 try:
-                    res = bench_serving(url, args.model, w, args.out / f"{name}_{wname}.json")
+                    res = bench_serving(url, args.model, w, args.out / f"{label}_{wname}.json")
                 except Exception as exc:  # keep going: the other workloads still count
                     print(f"  {wname} failed: {exc}", flush=True)
                     continue
-                row = {"config": name, "workload": wname, **dataclasses.asdict(w),
+                row = {"config": name, "plugin": plugin, "workload": wname, **dataclasses.asdict(w),
                        **{k: res.get(k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
                        "meta": meta}
                 with results.open("a") as f:

@@ -48,7 +48,8 @@ def table(rows: list[dict]) -> str:
             out.append(f"| {model_name(r)} | {r['config']} | server did not start: {why.group(0) if why else r['error'][:70]} "
                        f"| | | | | | | | | | {r.get('call', '')} |")
             continue
-        out.append(f"| {model_name(r)} | {r['config']} | {r['workload']} | {r['input_len'] or 'text'} | {r['output_len']} "
+        cfg = f"{r['config']}@{r['plugin']}" if r.get("plugin") else r["config"]
+        out.append(f"| {model_name(r)} | {cfg} | {r['workload']} | {r['input_len'] or 'text'} | {r['output_len']} "
                    f"| {r['batch']} | {f(r['median_ttft_ms'])} | {f(r['median_tpot_ms'], 2)} | {f(r['median_itl_ms'], 2)} "
                    f"| {f(r['output_throughput'])} | {f(r['input_throughput'], 0)} | {f(r['accept_length'], 2)} "
                    f"| {r.get('call', '')} |")
@@ -56,7 +57,8 @@ def table(rows: list[dict]) -> str:
 
 
 def ratios(rows: list[dict]) -> tuple[str, list[dict]]:
-    by = {(r["config"], r.get("workload")): r for r in rows if "error" not in r and r["meta"]["model"]["hidden_size"] == 6144}
+    big = [r for r in rows if "error" not in r and r["meta"]["model"]["hidden_size"] == 6144]
+    by = {(r["config"], r.get("workload")): r for r in big if not r.get("plugin")}
     out = ["| comparison | metric | feature | baseline | speedup | calls |", "|---|---|---|---|---|---|"]
     found = []
     for what, cfg, base, wl, metric in RATIOS:
@@ -66,6 +68,14 @@ def ratios(rows: list[dict]) -> tuple[str, list[dict]]:
         x = b[metric] / a[metric]
         found.append({"what": what, "speedup": round(x, 3), "metric": metric, "feature": a[metric], "baseline": b[metric]})
         out.append(f"| {what} | {metric} | {a[metric]:.2f} | {b[metric]:.2f} | **{x:.2f}x** | {a.get('call')}/{b.get('call')} |")
+    for r in big:  # before/after: a config served by another plugin build (--plugin NAME=DIR) in the same run
+        a = by.get((r["config"], r["workload"]))
+        metric = "median_ttft_ms" if r["output_len"] == 1 else "median_itl_ms"
+        if r.get("plugin") and a and a[metric] and r[metric]:
+            x = r[metric] / a[metric]
+            what = f"this plugin vs {r['plugin']}, {r['config']} {r['workload']}"
+            found.append({"what": what, "speedup": round(x, 3), "metric": metric, "feature": a[metric], "baseline": r[metric]})
+            out.append(f"| {what} | {metric} | {a[metric]:.2f} | {r[metric]:.2f} | **{x:.2f}x** | {a.get('call')}/{r.get('call')} |")
     return "\n".join(out), found
 
 
