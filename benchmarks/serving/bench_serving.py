@@ -109,16 +109,22 @@ cli_main()
 
 
 def run_bench(url: str, model: Path, dataset: Path, out: Path, args) -> dict:
+    return run_bench_serving(
+        ["--backend", "sglang", "--base-url", url, "--dataset-name", "random", "--dataset-path", str(dataset),
+         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+         "--random-range-ratio", "1.0", "--num-prompts", str(args.num_prompts),
+         "--max-concurrency", str(args.concurrency), "--tokenizer", str(model),
+         "--model", str(model), "--seed", "0", "--disable-tqdm", "--warmup-requests", "1"],
+        out, args.bench_timeout)
+
+
+def run_bench_serving(argv: list[str], out: Path, timeout: float) -> dict:
+    """`python -m sglang.bench_serving ARGV --output-file OUT` (CLIENT); its result line. The
+    client's output goes to OUT with the suffix .log."""
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-c", CLIENT, "--backend", "sglang", "--base-url", url,
-           "--dataset-name", "random", "--dataset-path", str(dataset),
-           "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-           "--random-range-ratio", "1.0", "--num-prompts", str(args.num_prompts),
-           "--max-concurrency", str(args.concurrency), "--tokenizer", str(model),
-           "--model", str(model), "--seed", "0", "--output-file", str(out), "--disable-tqdm",
-           "--warmup-requests", "1"]
+    cmd = [sys.executable, "-c", CLIENT, *argv, "--output-file", str(out)]
     print("  python -m sglang.bench_serving " + " ".join(cmd[3:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     (out.with_suffix(".log")).write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or not out.exists():
         raise RuntimeError(f"bench_serving failed ({proc.returncode}): {proc.stderr[-2000:]}")

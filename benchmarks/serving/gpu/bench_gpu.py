@@ -1,5 +1,5 @@
 """GLM-5.2-shaped serving on one GPU: `sglang.launch_server` with the plugin, driven by SGLang's own
-`bench_serving` (run in this process, one import for all workloads).
+`bench_serving`.
 
 A run is a list of `config:workload,workload,...` items; each config is one server (started, measured,
 stopped), each workload one bench_serving call against it. Every finished workload appends a line to
@@ -39,14 +39,13 @@ import os
 import platform
 import sys
 import time
-import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent))  # benchmarks/serving: the CPU benchmark's server helper
 
-from bench_serving import server  # noqa: E402
+from bench_serving import run_bench_serving, server, write_dataset  # noqa: E402
 
 EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
          "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
@@ -109,6 +108,18 @@ KEEP = ["completed", "duration", "request_throughput", "input_throughput", "outp
         "median_itl_ms", "median_e2e_latency_ms", "accept_length"]
 
 
+def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
+    """(dummy weights?, flags every config adds, the server environment) for `model`; puts that
+    environment into os.environ, which the servers inherit."""
+    dummy = not any(model.glob("*.safetensors"))
+    flags = (GPU_SERVER_ARGS if gpu else []) + (DUMMY_ARGS if dummy else TRAINED_ARGS if gpu else [])
+    env = DUMMY_ENV if gpu and dummy else {}
+    os.environ.update(env)
+    if gpu:  # SGLang's EAGLE worker imports FlashMLA's module on CUDA; the wheel is not on the machine
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests/gpu/standins"), os.environ.get("PYTHONPATH", "")])
+    return dummy, flags, env
+
+
 def on_gpu() -> bool:
     import torch
 
@@ -125,8 +136,6 @@ def hardware() -> str:
 
 def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
     if w.dataset == "text":
-        from bench_serving import write_dataset
-
         path = write_dataset(out / "heldout_sharegpt.json")
         return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--sharegpt-output-len", str(w.output_len)]
     return ["--dataset-name", "random", "--dataset-path", str(model / "prompts_sharegpt.json"),
@@ -135,28 +144,12 @@ def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
 
 
 def bench_serving(url: str, model: Path, w: Workload, out_file: Path) -> dict:
-    """One `python -m sglang.bench_serving` run, in-process; its result line."""
-    try:
-        import datasets  # noqa: F401
-    except ImportError:  # imported at module load for MMMU only; the random dataset never calls it
-        stand_in = types.ModuleType("datasets")
-        stand_in.load_dataset = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("HF datasets is not installed"))
-        sys.modules["datasets"] = stand_in
-    from sglang.benchmark.serving import cli_main
-
-    out_file.unlink(missing_ok=True)
-    argv = ["bench_serving", "--backend", "sglang", "--base-url", url, "--model", str(model),
-            "--tokenizer", str(model), *dataset_args(model, w, out_file.parent), "--num-prompts", str(w.prompts),
+    """One `python -m sglang.bench_serving` run (the CPU benchmark's client); its result line."""
+    argv = ["--backend", "sglang", "--base-url", url, "--model", str(model), "--tokenizer", str(model),
+            *dataset_args(model, w, out_file.parent), "--num-prompts", str(w.prompts),
             "--max-concurrency", str(w.batch), "--seed", "0", "--warmup-requests", "1",
-            "--flush-cache", "--disable-tqdm", "--output-file", str(out_file)]
-    print("    python -m sglang.bench_serving " + " ".join(argv[1:]), flush=True)
-    old = sys.argv
-    sys.argv = argv
-    try:
-        cli_main()
-    finally:
-        sys.argv = old
-    return json.loads(out_file.read_text().strip().splitlines()[-1])
+            "--flush-cache", "--disable-tqdm"]
+    return run_bench_serving(argv, out_file, timeout=1800)
 
 
 def server_info(url: str) -> dict:
@@ -218,17 +211,7 @@ def main() -> None:
     runs = parse_runs(args.run, configs(n_layers), plugins)
     gpu = on_gpu()
     scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
-    dummy = not any(args.model.glob("*.safetensors"))
-    extra = (GPU_SERVER_ARGS if gpu else []) + (DUMMY_ARGS if dummy else TRAINED_ARGS if gpu else [])
-    server_env = DUMMY_ENV if gpu and dummy else {}
-    env = dict(server_env)
-    if gpu:  # SGLang's EAGLE worker imports FlashMLA's module on CUDA; the wheel is not on the machine
-        env = {**env, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests/gpu/standins"), os.environ.get("PYTHONPATH", "")])}
-    else:
-        from sglang_glm.cpu_compat import activate
-
-        activate()  # the in-process bench_serving imports sglang
-    os.environ.update(env)
+    dummy, extra, server_env = server_setup(args.model, gpu)
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     meta = {"hardware": hardware(), "server_args": extra, "server_env": server_env, "weights": "dummy" if dummy else "trained",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import DUMMY_ARGS, DUMMY_ENV, GPU_SERVER_ARGS, ROOT, configs, hardware
+from bench_gpu import configs, hardware, server_setup
 from bench_serving import server
 
 # First match wins; names are the kernels' own (Triton function names, SGLang JIT and CUTLASS symbols).
@@ -206,13 +206,11 @@ def main() -> None:
 
 
 def record_trace(args, cfg: dict) -> Path:
-    dummy = not any(args.model.glob("*.safetensors"))
     trace_dir = args.out / f"trace_{args.config}{'_eager' if args.eager else ''}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.update({**(DUMMY_ENV if dummy else {}), "SGLANG_TORCH_PROFILER_DIR": str(trace_dir),
-                       "PYTHONPATH": os.pathsep.join([str(ROOT / "tests/gpu/standins"), os.environ.get("PYTHONPATH", "")])})
-    flags = [*configs(cfg["num_hidden_layers"])[args.config], *GPU_SERVER_ARGS, *(DUMMY_ARGS if dummy else []),
-             *(["--disable-cuda-graph"] if args.eager else [])]
+    _, extra, _ = server_setup(args.model, gpu=True)
+    os.environ["SGLANG_TORCH_PROFILER_DIR"] = str(trace_dir)
+    flags = [*configs(cfg["num_hidden_layers"])[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else [])]
     rng = random.Random(0)
     prompts = [[rng.randrange(2, cfg["vocab_size"]) for _ in range(args.context)] for _ in range(args.batch)]
     t0 = time.time()
