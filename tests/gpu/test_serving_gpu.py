@@ -10,15 +10,13 @@ import pytest
 import requests
 
 from gpu_serving import (
-    LONG_PROMPT, PROMPTS, agreement, generate, gpu_server, record, results_dir,
+    LONG_PROMPT, PROMPTS, agreement, generate, gpu_server, make_model, record, results_dir,
     tokens,
 )
 
 pytestmark = pytest.mark.gpu
 
 ALL_PROMPTS = PROMPTS + [LONG_PROMPT]
-
-
 
 
 def serve_and_judge(url, path, name):
@@ -54,6 +52,21 @@ def test_served_tokens_agree_with_reference(models, name, args):
     if name == "triton_graphs":
         assert backend == "glm_dsa_triton", info
     result.assert_agrees()
+
+
+def test_triton_backend_refuses_other_geometries_at_launch(models):
+    """A model outside the Triton kernels' geometry (the bundled model's: latent 48, rope 32, indexer
+    8 x 48) once stopped the H200 scheduler at its first forward on a bare kernel assert; the default
+    CUDA launch must refuse it naming each field, its value and the fix."""
+    mini = make_model(models["glm52"].parent, "mini_geometry", seed=5, overrides=dict(
+        kv_lora_rank=48, qk_rope_head_dim=32, index_n_heads=8, index_head_dim=48))
+    with pytest.raises(RuntimeError, match="server exited"):
+        with gpu_server(mini, "triton_other_geometry"):
+            pass
+    log = (results_dir() / "server_triton_other_geometry.log").read_text()
+    for text in ("kv_lora_rank=48", "qk_rope_head_dim=32", "index_n_heads=8", "index_head_dim=48",
+                 "kv_lora_rank=512", "--attention-backend glm_dsa_torch"):
+        assert text in log, (text, log[-3000:])
 
 
 def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
