@@ -52,6 +52,13 @@ class IndexerConfig:
     topk_sample: int = 4096  # keys per row in the sample placing the top-k candidate bound
 
 
+def default_config(num_queries: int) -> IndexerConfig:
+    """The swept defaults; few queries score fewer keys per program, so that a batch-1 decode's
+    4096 keys are not one program's (54 us a full layer on the H200, 131 SMs idle)."""
+    keys = min(4096, max(256, 1 << (128 * max(num_queries, 1)).bit_length() - 1))
+    return IndexerConfig(keys_per_program=keys)
+
+
 @triton.jit
 def _pow2(e):
     """2^e as fp32 for integer e in [-126, 127] (built from the exponent bits: exact)."""
@@ -136,14 +143,14 @@ def indexer_logits(
     query_req: torch.Tensor,
     key_limit: torch.Tensor,
     logits: torch.Tensor,
-    config: IndexerConfig = IndexerConfig(),
+    config: IndexerConfig | None = None,
 ) -> torch.Tensor:
     """Fill logits [T, >= max key_limit] fp32 at [t, 0:key_limit[t]]; the rest is left as is."""
     k_fp8 = _check_inputs(q, weights, k_cache, page_table, query_req, key_limit)
     T = q.shape[0]
     assert logits.dtype == torch.float32 and logits.shape[0] == T and logits.stride(-1) == 1
     if T:
-        c = config
+        c = config or default_config(T)
         grid = (triton.cdiv(logits.shape[1], c.keys_per_program), T)
         _indexer_logits_kernel[grid](
             q, weights, k_cache, page_table, query_req, key_limit, logits,
@@ -164,13 +171,14 @@ def indexer_topk(
     topk: int,
     out: torch.Tensor | None = None,
     max_logits_bytes: int = 1 << 30,
-    config: IndexerConfig = IndexerConfig(),
+    config: IndexerConfig | None = None,
 ) -> torch.Tensor:
     """Indexer scores + exact top-k -> logical positions [T, topk] int32 (-1 where fewer keys).
 
     Keys are read up to the page table's width (max_pages * page size): no host sync on key_limit.
     """
     T = q.shape[0]
+    config = config or default_config(T)
     width = page_table.shape[1] * page_size(k_cache)
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
@@ -235,7 +243,7 @@ def indexer_flops(num_keys_total: int) -> int:
 
 
 __all__ = [
-    "IndexerConfig", "indexer_logits", "indexer_topk", "page_size", "quantize_index_k_fp8", "dequantize_index_k",
+    "IndexerConfig", "default_config", "indexer_logits", "indexer_topk", "page_size", "quantize_index_k_fp8", "dequantize_index_k",
     "indexer_logits_ref", "indexer_bytes", "indexer_flops",
     "N_HEADS", "HEAD_DIM", "PAGE_SIZE", "FP8_TOKEN_BYTES",
 ]

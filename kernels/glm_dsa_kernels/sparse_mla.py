@@ -45,9 +45,11 @@ class SparseMLAConfig:
 def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
     """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log)."""
     if num_heads > 16:
-        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM);
-        # split top-k only below one wave: each split's partial costs 128 KB/token each way
-        splits = 2 if num_tokens <= num_sms else 1
+        # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM).
+        # Below one wave, split top-k until the programs fill the SMs (batch-1 decode with 2 programs
+        # took 76 us a layer on the H200); each split's partial costs 128 KB/token each way.
+        splits = 1 if num_tokens > num_sms else max(2, num_sms // num_tokens)
+        splits = min(1 << (splits.bit_length() - 1), max(1, topk // 64))
         return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=3 if kv_fp8 else 4)
     # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 1 (FP8) programs per SM
     programs_per_sm = 1 if kv_fp8 else 2
