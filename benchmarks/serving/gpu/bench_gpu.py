@@ -23,8 +23,9 @@ Configs (the model directory's own plan is IndexCache on, one full layer in four
   mtp_share_off   the same with index_share_for_mtp_iteration false: every draft step runs the indexer
 
 A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
-with its long-context pool; one with weights (a trained model) is served as is, and the text_*
-workloads send it held-out text (benchmarks/train/data/heldout.txt), where MTP acceptance is real.
+with its long-context pool; one with weights (a trained model) is served as is (outside the Triton
+kernels' geometry: by the PyTorch backend, eager), and the text_* workloads send it held-out text
+(benchmarks/train/data/heldout.txt), where MTP acceptance is real.
 
 On a CPU machine (no CUDA) the server is the plugin's CPU launcher and every length is scaled down by
 --scale: a smoke run of the script, not a measurement.
@@ -57,11 +58,12 @@ GPU_SERVER_ARGS = [
 ]
 # A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
 # every token to the same experts, so SGLang's switch spreads them (never with trained weights).
-# The shaped model takes most of the GPU for a 128K-context pool; a small trained model gets a bounded
-# pool (at 0.88 its per-token buffers outgrow what SGLang's pool sizing reserves: CUDA OOM at start-up).
-DUMMY_ARGS = ["--load-format", "dummy", "--mem-fraction-static", "0.88"]
-TRAINED_ARGS = ["--max-total-tokens", "262144"]
+POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-context pool
+DUMMY_ARGS = ["--load-format", "dummy"]
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
+# A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
+# PyTorch backend, which has no CUDA graphs.
+TORCH_ARGS = ["--attention-backend", "glm_dsa_torch", "--disable-cuda-graph"]
 
 
 def override(**fields) -> list[str]:
@@ -111,8 +113,18 @@ KEEP = ["completed", "duration", "request_throughput", "input_throughput", "outp
 def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
     """(dummy weights?, flags every config adds, the server environment) for `model`; puts that
     environment into os.environ, which the servers inherit."""
+    from types import SimpleNamespace
+
+    from sglang_glm.attention.backends import triton_geometry_problem
+
     dummy = not any(model.glob("*.safetensors"))
-    flags = (GPU_SERVER_ARGS if gpu else []) + (DUMMY_ARGS if dummy else TRAINED_ARGS if gpu else [])
+    flags = []
+    if gpu:
+        flags = GPU_SERVER_ARGS + POOL_ARGS + (DUMMY_ARGS if dummy else [])
+        config = SimpleNamespace(**json.loads((model / "config.json").read_text()))
+        if triton_geometry_problem(config):
+            print(f"{model.name}: not the Triton kernels' geometry; served with {' '.join(TORCH_ARGS)}", flush=True)
+            flags += TORCH_ARGS
     env = DUMMY_ENV if gpu and dummy else {}
     os.environ.update(env)
     if gpu:  # SGLang's EAGLE worker imports FlashMLA's module on CUDA; the wheel is not on the machine

@@ -26,6 +26,9 @@ RATIOS = [
     ("FP8 KV vs BF16 KV, prefill 32K", "fp8_kv", "indexcache", "prefill_32k", "median_ttft_ms"),
     ("MTP draft steps with index share vs without, batch 1", "mtp_share_on", "mtp_share_off", "decode_b1", "median_itl_ms"),
     ("MTP draft steps with index share vs without, batch 32", "mtp_share_on", "mtp_share_off", "decode_b32", "median_itl_ms"),
+    # the trained small model (held-out text, real acceptance); TPOT: with MTP a streamed chunk holds several tokens
+    ("MTP (EAGLE, 3 draft steps) vs none, trained glm-dsa-mini (glm_dsa_torch, eager), batch 1", "mtp_share_on", "indexcache", "text_b1", "median_tpot_ms"),
+    ("MTP (EAGLE, 3 draft steps) vs none, trained glm-dsa-mini (glm_dsa_torch, eager), batch 32", "mtp_share_on", "indexcache", "text_b32", "median_tpot_ms"),
 ]
 
 
@@ -57,25 +60,31 @@ def table(rows: list[dict]) -> str:
 
 
 def ratios(rows: list[dict]) -> tuple[str, list[dict]]:
-    big = [r for r in rows if "error" not in r and r["meta"]["model"]["hidden_size"] == 6144]
-    by = {(r["config"], r.get("workload")): r for r in big if not r.get("plugin")}
+    """Each comparison within one machine lease (a feature and its baseline are served minutes apart on
+    the same machine); a before/after within one call."""
+    ok = [r for r in rows if "error" not in r]
+    by = {(r["lease"], r["meta"]["model"]["hidden_size"] == 6144, r["config"], r["workload"]): r
+          for r in ok if not r.get("plugin")}
     out = ["| comparison | metric | feature | baseline | speedup | calls |", "|---|---|---|---|---|---|"]
     found = []
-    for what, cfg, base, wl, metric in RATIOS:
-        a, b = by.get((cfg, wl)), by.get((base, wl))
-        if not a or not b or not a[metric] or not b[metric]:
-            continue
+
+    def add(what, metric, a, b):
         x = b[metric] / a[metric]
         found.append({"what": what, "speedup": round(x, 3), "metric": metric, "feature": a[metric], "baseline": b[metric]})
         out.append(f"| {what} | {metric} | {a[metric]:.2f} | {b[metric]:.2f} | **{x:.2f}x** | {a.get('call')}/{b.get('call')} |")
-    for r in big:  # before/after: a config served by another plugin build (--plugin NAME=DIR) in the same run
-        a = by.get((r["config"], r["workload"]))
+
+    for lease in sorted({r["lease"] for r in ok}):
+        for what, cfg, base, wl, metric in RATIOS:
+            shaped = not wl.startswith("text")
+            a, b = by.get((lease, shaped, cfg, wl)), by.get((lease, shaped, base, wl))
+            if a and b and a[metric] and b[metric]:
+                add(what, metric, a, b)
+    for r in ok:  # before/after: a config served by another plugin build (--plugin NAME=DIR)
+        a = next((x for x in ok if x["call"] == r["call"] and not x.get("plugin") and x["config"] == r["config"]
+                  and x["workload"] == r["workload"]), None)
         metric = "median_ttft_ms" if r["output_len"] == 1 else "median_itl_ms"
         if r.get("plugin") and a and a[metric] and r[metric]:
-            x = r[metric] / a[metric]
-            what = f"this plugin vs {r['plugin']}, {r['config']} {r['workload']}"
-            found.append({"what": what, "speedup": round(x, 3), "metric": metric, "feature": a[metric], "baseline": r[metric]})
-            out.append(f"| {what} | {metric} | {a[metric]:.2f} | {r[metric]:.2f} | **{x:.2f}x** | {a.get('call')}/{r.get('call')} |")
+            add(f"this plugin vs {r['plugin']}, {r['config']} {r['workload']}", metric, a, r)
     return "\n".join(out), found
 
 
@@ -88,7 +97,10 @@ def plots(rows: list[dict], found: list[dict], profile: dict | None, results: Pa
     big = [r for r in rows if "error" not in r and r["meta"]["model"]["hidden_size"] == 6144]
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
     ax = axes[0]
-    dec = sorted((r for r in big if r["config"] == "indexcache" and r["workload"].startswith("decode_b")), key=lambda r: r["batch"])
+    dec = [r for r in big if r["config"] == "indexcache" and not r.get("plugin") and r["workload"].startswith("decode_b")]
+    if dec:  # one call's batch sweep: the call that served the most batch sizes
+        call = max({r["call"] for r in dec}, key=lambda c: sum(r["call"] == c for r in dec))
+        dec = sorted((r for r in dec if r["call"] == call), key=lambda r: r["batch"])
     if dec:
         ax.plot([r["batch"] for r in dec], [r["output_throughput"] for r in dec], "o-", label="output tok/s")
         ax2 = ax.twinx()
@@ -97,7 +109,7 @@ def plots(rows: list[dict], found: list[dict], profile: dict | None, results: Pa
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests (4K in, 256 out)")
         ax.set_ylabel("output tokens/s")
-        ax.set_title("decode, IndexCache plan, CUDA graphs")
+        ax.set_title(f"decode, IndexCache plan, CUDA graphs (call {call})")
         ax.legend(loc="upper left")
         ax2.legend(loc="lower right")
     ax = axes[1]
@@ -153,7 +165,8 @@ def main() -> None:
                    *[f"| {h['frame']} | {h['us']:.1f} | {h['calls']:.1f} |" for h in profile["host_frames_us_per_step"]]]
     (args.results / "table.md").write_text("\n".join(md) + "\n")
     (args.results / "ratios.json").write_text(json.dumps(found, indent=1))
-    plots(rows, found, next((p for p in profiles if p.get("cuda_graphs", True)), None), args.results)
+    graphs = [p for p in profiles if p.get("cuda_graphs", True)]  # the plot shows the largest step profiled
+    plots(rows, found, max(graphs, key=lambda p: p["batch"] * p["context"], default=None), args.results)
     print(f"wrote {args.results / 'table.md'}, ratios.json, serving_h200.png")
 
 
