@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -20,6 +21,16 @@ from sglang_glm.mtp.recycle import POST_NORM, PRE_NORM
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 CARRY_MODEL = ASSETS / "glm-dsa-mini-carry"
 PRE_NORM_MTP = ASSETS / "glm-dsa-mini-carry.mtp_pre_norm.safetensors"
+
+
+def norm_spread(hidden: int, seed: int, sigma: float, outliers: int, outlier_scale: float) -> torch.Tensor:
+    """Per-channel gains as large trained LLMs' final norms look: log-normal (sigma), a few outlier
+    channels times outlier_scale, median 1 (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.exp(sigma * torch.randn(hidden, generator=g, dtype=torch.float64))
+    idx = torch.randperm(hidden, generator=g)[:outliers]
+    s[idx] *= outlier_scale
+    return s / s.median()
 
 
 def checkpoint_with_mtp(trained_carry: str, dest: Path) -> Path:

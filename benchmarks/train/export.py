@@ -19,7 +19,7 @@ from sglang_glm_tools.checkpoint import build_config, write_checkpoint
 HERE = Path(__file__).parent
 
 
-def plot(log_csv: Path, png: Path) -> None:
+def plot(log_csv: Path, png: Path, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,7 +31,7 @@ def plot(log_csv: Path, png: Path) -> None:
     fig, (ax, kx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key, label in [("lm", "LM"), ("mtp1", "MTP depth 1"), ("mtp2", "MTP depth 2"), ("mtp3", "MTP depth 3")]:
         ax.plot(tokens, [float(r[key]) for r in rows], label=label, lw=1)
-    ax.set(xlabel="training tokens (M)", ylabel="cross-entropy (nats)", title="glm-dsa-mini: LM and MTP loss", ylim=(1, 8))
+    ax.set(xlabel="training tokens (M)", ylabel="cross-entropy (nats)", title=f"{name}: LM and MTP loss", ylim=(1, 8))
     for key, label in [("indexer_kl", "indexer KL (mean over 8 layers)"), ("mtp_indexer_kl", "MTP indexer KL (mean over depths)")]:
         kx.plot(tokens, [float(r[key]) for r in rows], label=label, lw=1)
     kx.set(xlabel="training tokens (M)", ylabel="KL(attention || indexer)", title="indexer distillation", yscale="log")
@@ -49,17 +49,19 @@ def main(argv):
     ap.add_argument("run", type=Path, help="train.py --out folder")
     ap.add_argument("--tokenizer", type=Path, default=Path("build/glm-dsa-mini-data/tokenizer"))
     ap.add_argument("--dest", type=Path, default=HERE.parent.parent / "assets/glm-dsa-mini")
+    ap.add_argument("--logs", type=Path, default=HERE, help="where loss_log.csv, train_summary.json, loss_curve.png go")
     a = ap.parse_args(argv)
 
     model_cfg = json.loads((a.run / "model_config.json").read_text())
     config = build_config(base=model_cfg, mtp=model_cfg["num_nextn_predict_layers"] > 0)
-    tensors = load_file(str(a.run / "hub.safetensors"))
+    tensors = {k: v for shard in sorted(a.run.glob("hub*.safetensors")) for k, v in load_file(str(shard)).items()}
     if a.dest.exists():
         shutil.rmtree(a.dest)
     write_checkpoint(a.dest, config, tensors, tokenizer=AutoTokenizer.from_pretrained(a.tokenizer), dtype=torch.bfloat16)
-    shutil.copyfile(a.run / "log.csv", HERE / "loss_log.csv")
-    shutil.copyfile(a.run / "summary.json", HERE / "train_summary.json")
-    plot(HERE / "loss_log.csv", HERE / "loss_curve.png")
+    a.logs.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(a.run / "log.csv", a.logs / "loss_log.csv")
+    shutil.copyfile(a.run / "summary.json", a.logs / "train_summary.json")
+    plot(a.logs / "loss_log.csv", a.logs / "loss_curve.png", a.dest.name)
     print(a.dest, sum(f.stat().st_size for f in a.dest.iterdir()) / 1e6, "MB")
 
 

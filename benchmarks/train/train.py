@@ -1,8 +1,13 @@
 """Train glm-dsa-mini with the reference model: dense warm-up with indexer distillation, then sparse DSA, MTP x3.
 
 Stops itself on a wall-clock budget, evaluates on held-out data and writes, under --out:
-hub.safetensors (hub-layout tensors, bf16), model_config.json, log.csv, summary.json.
+hub-NN.safetensors (hub-layout tensors, bf16, in shards of at most 15 MiB: the GPU machine returns
+files of 16 MiB), model_config.json, log.csv, summary.json.
 `export.py` turns these into the committed checkpoint with sglang_glm_tools.checkpoint's writer.
+
+The config's `train.final_norm_spread` ({sigma, outliers, outlier_scale, seed}) starts both final
+norms (`model.norm`, the MTP's `shared_head.norm`) from per-channel gains spread like a large trained
+LLM's instead of ones (issue 15: the post-norm and pre-norm MTP carries then differ).
 """
 
 import argparse
@@ -18,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from sglang_glm_tools.carry_models import norm_spread
 from sglang_glm_tools.reference import DsaConfig, GlmDsaForCausalLM
 from sglang_glm_tools.reference.layers import Router
 
@@ -25,8 +31,9 @@ LOG_FIELDS = ["step", "seconds", "tokens", "phase", "lr", "loss", "lm", "mtp1", 
               "indexer_kl", "mtp_indexer_kl", "tokens_per_s"]
 
 
-def init_weights(model: GlmDsaForCausalLM, std: float) -> None:
-    """Normal(0, std) matrices; residual outputs scaled by 1/sqrt(2 * layers) (GPT-2 style)."""
+def init_weights(model: GlmDsaForCausalLM, std: float, final_norm_spread: dict | None = None) -> None:
+    """Normal(0, std) matrices; residual outputs scaled by 1/sqrt(2 * layers) (GPT-2 style); gains 1,
+    or for the two final norms the given spread."""
     depth_scale = (2 * (model.cfg.num_hidden_layers + 1)) ** -0.5
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -37,6 +44,27 @@ def init_weights(model: GlmDsaForCausalLM, std: float) -> None:
                 p.zero_()
             else:
                 p.fill_(1.0)
+        if final_norm_spread:
+            s = norm_spread(model.cfg.hidden_size, **final_norm_spread).float()
+            model.model.norm.weight.copy_(s)
+            model.mtp_layer.shared_head.norm.weight.copy_(s)
+
+
+def norm_stats(weight: torch.Tensor) -> dict:
+    w = weight.detach().double()
+    return {"cv": round(float(w.std() / w.mean()), 4), "max_over_median": round(float(w.abs().max() / w.abs().median()), 3)}
+
+
+def save_shards(tensors: dict, out: Path, max_bytes: int = 15 << 20) -> None:
+    shards, size = [{}], 0
+    for k, v in tensors.items():
+        if shards[-1] and size + v.numel() * v.element_size() > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.numel() * v.element_size()
+    for i, shard in enumerate(shards):
+        save_file(shard, str(out / f"hub-{i:02d}.safetensors"), metadata={"format": "pt"})
 
 
 class ExpertLoad:
@@ -134,7 +162,7 @@ def main(argv):
     dev = torch.device(a.device)
     cfg = DsaConfig.from_dict(spec["model"])
     model = GlmDsaForCausalLM(cfg)
-    init_weights(model, t["init_std"])
+    init_weights(model, t["init_std"], t.get("final_norm_spread"))
     model.to(dev).train()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"params {n_params / 1e6:.2f}M", flush=True)
@@ -191,13 +219,15 @@ def main(argv):
           flush=True)
 
     summary = {"steps": step, "train_tokens": tokens, "train_seconds": round(train_s, 1), "params": n_params,
+               "final_norm": norm_stats(model.model.norm.weight),
+               "shared_head_norm": norm_stats(model.mtp_layer.shared_head.norm.weight),
                "heldout": evaluate(model, heldout, ctx, depths, a.eval_windows, t["batch_size"])}
     print(json.dumps(summary, indent=1), flush=True)
     (a.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (a.out / "model_config.json").write_text(json.dumps(spec["model"], indent=1) + "\n")
     tensors = {k: v.to(torch.float32 if "e_score_correction_bias" in k else torch.bfloat16).cpu().contiguous()
                for k, v in model.hub_state_dict().items()}
-    save_file(tensors, str(a.out / "hub.safetensors"), metadata={"format": "pt"})
+    save_shards(tensors, a.out)
     print("saved", flush=True)
 
 

@@ -6,6 +6,8 @@
 - here: log_{post,pre}_norm.csv, loss_curve.png, summary.json.
 
     python benchmarks/train/carry/export_carry.py build/carry
+    python benchmarks/train/carry/export_carry.py RUN --target T --dest D --pre-norm-dest F --logs L
+      (a run with --target T --sigma 0: T is the target, as trained)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 TARGET = HERE.parents[2] / "assets" / "glm-dsa-mini"
 
 
-def plot(out: Path) -> None:
+def plot(logs: Path, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +37,7 @@ def plot(out: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
     for carry, style in (("post_norm", "-"), ("pre_norm", "--")):
-        rows = list(csv.DictReader((HERE / f"log_{carry}.csv").open()))
+        rows = list(csv.DictReader((logs / f"log_{carry}.csv").open()))
         tokens = [int(r["tokens"]) / 1e6 for r in rows]
         for k, ax in enumerate(axes):
             ax.plot(tokens, [float(r[f"mtp{k + 1}"]) for r in rows], style, lw=1, label=f"trained with {carry} carry")
@@ -52,19 +54,25 @@ def plot(out: Path) -> None:
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("run", type=Path, help="train_mtp_carry.py --out folder")
+    ap.add_argument("--target", type=Path, default=TARGET, help="the run's --target")
+    ap.add_argument("--dest", type=Path, default=CARRY_MODEL)
+    ap.add_argument("--pre-norm-dest", type=Path, default=PRE_NORM_MTP)
+    ap.add_argument("--logs", type=Path, default=HERE)
     a = ap.parse_args(argv)
-    tensors = load_file(str(a.run / "target.safetensors"))
+    reparametrised = a.run / "target.safetensors"
+    tensors = load_file(str(reparametrised if reparametrised.exists() else a.target / "model.safetensors"))
     post = load_file(str(a.run / "mtp_post_norm.safetensors"))
     assert set(post) <= set(tensors), "the MTP file names tensors the target checkpoint lacks"
     tensors.update(post)
-    if CARRY_MODEL.exists():
-        shutil.rmtree(CARRY_MODEL)
-    write_checkpoint(CARRY_MODEL, AutoConfig.from_pretrained(str(TARGET)), tensors,
-                     tokenizer=AutoTokenizer.from_pretrained(str(TARGET)), dtype=torch.bfloat16)
-    shutil.copyfile(a.run / "mtp_pre_norm.safetensors", PRE_NORM_MTP)
+    if a.dest.exists():
+        shutil.rmtree(a.dest)
+    write_checkpoint(a.dest, AutoConfig.from_pretrained(str(a.target)), tensors,
+                     tokenizer=AutoTokenizer.from_pretrained(str(a.target)), dtype=torch.bfloat16)
+    shutil.copyfile(a.run / "mtp_pre_norm.safetensors", a.pre_norm_dest)
+    a.logs.mkdir(parents=True, exist_ok=True)
     for name in ("log_post_norm.csv", "log_pre_norm.csv", "summary.json"):
-        shutil.copyfile(a.run / name, HERE / name)
-    plot(HERE / "loss_curve.png")
+        shutil.copyfile(a.run / name, a.logs / name)
+    plot(a.logs, a.logs / "loss_curve.png")
 
 
 if __name__ == "__main__":

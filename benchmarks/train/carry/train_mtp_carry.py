@@ -12,6 +12,9 @@ from the same start (glm-dsa-mini's MTP layer) on the same batches.
     python benchmarks/train/prepare_data.py --tokenizer assets/glm-dsa-mini --out build/carry-data
     python benchmarks/train/carry/train_mtp_carry.py --out build/carry --steps 400
     python benchmarks/train/carry/export_carry.py build/carry     # checkpoint + loss curve
+
+`--target DIR --sigma 0` takes a target whose final norm is already spread (trained so, e.g. with
+train.py's `final_norm_spread`) as it is; `--device cuda` trains on a GPU.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from sglang_glm_tools.carry_models import norm_spread
 from sglang_glm_tools.reference import load_reference_model
 
 HERE = Path(__file__).resolve().parent
@@ -38,31 +42,26 @@ CARRIES = ("post_norm", "pre_norm")
 FROZEN_IN_MTP = ("shared_head.norm",)  # keeps the spread the experiment is about
 
 
-def spread(hidden: int, seed: int, sigma: float, outliers: int, outlier_scale: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    s = torch.exp(sigma * torch.randn(hidden, generator=g, dtype=torch.float64))
-    idx = torch.randperm(hidden, generator=g)[:outliers]
-    s[idx] *= outlier_scale
-    return s / s.median()
-
-
 @torch.no_grad()
 def reparametrise(model, s: torch.Tensor) -> dict:
     """norm weights * s, lm head columns / s: same logits, spread post-norm hidden."""
     probe = torch.randint(1, model.cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    probe = probe.to(model.lm_head.weight.device)
     before = model(probe)
-    s = s.to(model.lm_head.weight.dtype)
+    s = s.to(model.lm_head.weight.dtype).to(model.lm_head.weight.device)
     model.model.norm.weight.mul_(s)
     model.mtp_layer.shared_head.norm.weight.mul_(s)
     model.lm_head.weight.div_(s)
     after = model(probe)
-    w = model.mtp_layer.shared_head.norm.weight.double()
     return {
         "target_logits_max_abs_diff": float((after.logits - before.logits).abs().max()),
         "target_greedy_equal": bool(torch.equal(after.logits.argmax(-1), before.logits.argmax(-1))),
-        "shared_head_norm_cv": float(w.std() / w.mean()),
-        "shared_head_norm_max_over_median": float(w.abs().max() / w.abs().median()),
     }
+
+
+def norm_stats(weight: torch.Tensor) -> dict:
+    w = weight.detach().double()
+    return {"cv": float(w.std() / w.mean()), "max_over_median": float(w.abs().max() / w.abs().median())}
 
 
 def mtp_parameters(model):
@@ -79,7 +78,7 @@ def mtp_losses(model, x, ctx: int, depths: int, carry_kind: str, distill: bool):
     b = x.shape[0]
     with torch.no_grad():
         carry = model(x[:, :ctx]).hidden  # draft step 0 always reads the target's post-norm hidden
-    positions = torch.arange(ctx).expand(b, ctx)
+    positions = torch.arange(ctx, device=x.device).expand(b, ctx)
     losses, kl = [], 0.0
     for k in range(depths):
         step = model.mtp_forward(x[:, k + 1:k + 1 + ctx], carry, positions + k, distill=distill)
@@ -94,7 +93,7 @@ def mtp_losses(model, x, ctx: int, depths: int, carry_kind: str, distill: bool):
 def draft_accuracy(model, x: torch.Tensor, ctx: int, depths: int, carry_kind: str) -> list[float]:
     """Teacher-forced top-1 accuracy of each draft depth on held-out windows."""
     carry = model(x[:, :ctx]).hidden
-    positions = torch.arange(ctx).expand(x.shape[0], ctx)
+    positions = torch.arange(ctx, device=x.device).expand(x.shape[0], ctx)
     accs = []
     for k in range(depths):
         step = model.mtp_forward(x[:, k + 1:k + 1 + ctx], carry, positions + k)
@@ -113,24 +112,28 @@ def main(argv):
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--depths", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--sigma", type=float, default=0.5)
+    ap.add_argument("--target", type=Path, default=TARGET, help="checkpoint whose MTP layer is the start")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--sigma", type=float, default=0.5, help="0: keep the target's final norms as they are")
     ap.add_argument("--outliers", type=int, default=6)
     ap.add_argument("--outlier-scale", type=float, default=8.0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     torch.manual_seed(a.seed)
-    train = torch.from_numpy(np.load(a.data / "train.npy").astype(np.int64))
-    heldout = torch.from_numpy(np.load(a.data / "heldout.npy").astype(np.int64))
+    dev = torch.device(a.device)
+    train = torch.from_numpy(np.load(a.data / "train.npy").astype(np.int64)).to(dev)
+    heldout = torch.from_numpy(np.load(a.data / "heldout.npy").astype(np.int64)).to(dev)
     span = a.context + a.depths + 2
-    eval_x = heldout[torch.arange(16)[:, None] * span + torch.arange(span)]
-
-    s = spread(256, a.seed, a.sigma, a.outliers, a.outlier_scale)
+    eval_x = heldout[torch.arange(16, device=dev)[:, None] * span + torch.arange(span, device=dev)]
     a.out.mkdir(parents=True, exist_ok=True)
     summary = {"args": {k: str(v) for k, v in vars(a).items()}, "carries": {}}
     for carry_kind in CARRIES:
-        model = load_reference_model(TARGET, dtype=torch.float32)
-        summary["reparametrisation"] = reparametrise(model, s)
-        print(json.dumps(summary["reparametrisation"]), flush=True)
+        model = load_reference_model(a.target, dtype=torch.float32, device=dev)
+        if a.sigma > 0:
+            s = norm_spread(model.cfg.hidden_size, a.seed, a.sigma, a.outliers, a.outlier_scale)
+            summary["reparametrisation"] = reparametrise(model, s)
+        summary["shared_head_norm"] = norm_stats(model.mtp_layer.shared_head.norm.weight)
+        print(json.dumps({k: summary[k] for k in ("reparametrisation", "shared_head_norm") if k in summary}), flush=True)
         params = list(mtp_parameters(model))
         opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
         before = draft_accuracy(model, eval_x, a.context, a.depths, carry_kind)
@@ -144,8 +147,8 @@ def main(argv):
             lr = a.lr * min(1.0, (step + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            starts = torch.randint(0, train.numel() - span, (a.batch,), generator=gen)
-            x = train[starts[:, None] + torch.arange(span)]
+            starts = torch.randint(0, train.numel() - span, (a.batch,), generator=gen).to(dev)
+            x = train[starts[:, None] + torch.arange(span, device=dev)]
             losses, kl = mtp_losses(model, x, a.context, a.depths, carry_kind, distill=True)
             loss = sum(losses) / a.depths + kl
             opt.zero_grad(set_to_none=True)
@@ -171,12 +174,12 @@ def main(argv):
             "heldout_draft_accuracy_per_depth_other_carry": other,
         }
         print(carry_kind, json.dumps(summary["carries"][carry_kind]), flush=True)
-        mtp = {k: v.to(torch.bfloat16).contiguous() for k, v in model.hub_state_dict().items()
+        mtp = {k: v.to(torch.bfloat16).cpu().contiguous() for k, v in model.hub_state_dict().items()
                if k.startswith(f"model.layers.{model.cfg.num_hidden_layers}.")
                and not k.endswith(("embed_tokens.weight", "shared_head.head.weight"))}
         save_file(mtp, str(a.out / f"mtp_{carry_kind}.safetensors"))
-        if carry_kind == CARRIES[0]:
-            target = {k: v.to(torch.float32 if "e_score_correction_bias" in k else torch.bfloat16).contiguous()
+        if carry_kind == CARRIES[0] and a.sigma > 0:  # the re-parametrised target (else: --target as is)
+            target = {k: v.to(torch.float32 if "e_score_correction_bias" in k else torch.bfloat16).cpu().contiguous()
                       for k, v in model.hub_state_dict().items()}
             save_file(target, str(a.out / "target.safetensors"))
     (a.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
