@@ -153,7 +153,7 @@ def _spec_server_args():
         from sglang.srt.runtime_context import get_server_args
 
         args = get_server_args()
-    except Exception:  # no server args in this process
+    except ValueError:  # SGLang's "Global server args is not set yet!": none in this process
         return None
     return args if getattr(args, "speculative_algorithm", None) else None
 
@@ -164,7 +164,7 @@ def _plugin_backend_in_use() -> bool:
         from sglang.srt.runtime_context import attention_backends
 
         return bool(set(attention_backends()) & set(PLUGIN_BACKENDS))
-    except Exception:  # no runtime context in this process yet
+    except ValueError:  # SGLang's "config namespace 'exec' not published": no runtime context yet
         return False
 
 
