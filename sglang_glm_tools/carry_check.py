@@ -51,8 +51,9 @@ def prompts_from(text: str, tokenizer, n: int, length: int) -> list[list[int]]:
 def engine_args(on_gpu: bool) -> dict:
     if on_gpu:
         return {"log_level": "warning"}
-    return {"dtype": "float32", "device": "cpu", "disable_cuda_graph": True, "max_total_tokens": 8192,
-            "log_level": "warning"}
+    from sglang_glm.cpu_compat import CPU_ENGINE_ARGS
+
+    return {**CPU_ENGINE_ARGS, "log_level": "warning"}
 
 
 def serve(model: Path, prompts, new_tokens: int, steps: int, carry: str, base: dict) -> CarryResult:

@@ -7,17 +7,10 @@ import json
 
 import torch
 
+from sglang_glm.cpu_compat import CPU_ENGINE_ARGS
 from sglang_glm.cpu_compat.server import cpu_server, failed_launch, free_port  # noqa: F401
 
-# Small pools keep several engines within the CPU machine's memory; float32 for exact tokens.
-ENGINE_DEFAULTS = dict(
-    dtype="float32",
-    device="cpu",
-    disable_cuda_graph=True,
-    max_total_tokens=8192,
-    max_running_requests=16,
-    log_level="warning",
-)
+ENGINE_DEFAULTS = dict(**CPU_ENGINE_ARGS, max_running_requests=16, log_level="warning")
 
 
 @contextlib.contextmanager

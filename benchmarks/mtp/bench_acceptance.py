@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_glm.cpu_compat import CPU_ENGINE_ARGS
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 DEFAULT_MODEL = ROOT / "assets" / "glm-dsa-mini"
@@ -58,8 +60,7 @@ def serve(model, prompts, new_tokens, steps, recycle, share) -> tuple[list, list
 
     override = {"mtp_recycle_hidden": recycle, "index_share_for_mtp_iteration": share}
     llm = sgl.Engine(
-        model_path=str(model), dtype="float32", device="cpu", disable_cuda_graph=True,
-        max_total_tokens=8192, max_running_requests=16, log_level="warning",
+        model_path=str(model), **CPU_ENGINE_ARGS, max_running_requests=16, log_level="warning",
         speculative_algorithm="EAGLE", speculative_num_steps=steps, speculative_eagle_topk=1,
         speculative_num_draft_tokens=steps + 1, json_model_override_args=json.dumps(override),
     )

@@ -20,6 +20,11 @@ CPU_ENV = {
     "TORCHDYNAMO_DISABLE": "1",
 }
 
+# sgl.Engine arguments for the CPU path: float32 for exact tokens, no CUDA graphs, a small pool
+# (several engines side by side in a small machine's memory). CPU_SERVER_ARGS (server.py) are the
+# launch_server flags for the same.
+CPU_ENGINE_ARGS = {"dtype": "float32", "device": "cpu", "disable_cuda_graph": True, "max_total_tokens": 8192}
+
 
 def activate() -> None:
     import torch
