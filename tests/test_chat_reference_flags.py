@@ -13,6 +13,7 @@ On CPU MTP verifies greedily, so every request sets temperature 0 (others are re
 
 import json
 import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,14 +36,10 @@ REFERENCE_FLAGS = (
     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6",
     "--kv-cache-dtype", "fp8_e4m3", "--max-running-requests", "32",
 )
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "City name"}},
-                   "required": ["city"]}}}
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+sys.path.insert(0, str(ROOT / "benchmarks" / "train"))
+from chat_data import ADD_TOOL as ADD  # noqa: E402  the tools the chat model was fine-tuned with
+from chat_data import WEATHER_TOOL as WEATHER  # noqa: E402
+
 GREEDY = {"temperature": 0, "max_tokens": 64}
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<|user|>", "<|observation|>")
 # FP8 acceptance threshold, in nats of float32 top-1 minus top-2 logprob. benchmarks/fp8_kv
