@@ -33,22 +33,24 @@ def norm_spread(hidden: int, seed: int, sigma: float, outliers: int, outlier_sca
     return s / s.median()
 
 
-def checkpoint_with_mtp(trained_carry: str, dest: Path) -> Path:
-    """The carry pair's checkpoint whose MTP layer was trained with `trained_carry`."""
+def checkpoint_with_mtp(trained_carry: str, dest: Path, model: Path = CARRY_MODEL,
+                        pre_norm_mtp: Path = PRE_NORM_MTP) -> Path:
+    """The carry pair's checkpoint (`model`, its MTP layer trained with the post-norm carry, and
+    `pre_norm_mtp` beside it) whose MTP layer was trained with `trained_carry`."""
     if trained_carry == POST_NORM:
-        return CARRY_MODEL
+        return model
     if trained_carry != PRE_NORM:
         raise ValueError(f"trained_carry = {trained_carry!r}; use {POST_NORM!r} or {PRE_NORM!r}")
     dest = Path(dest)
-    shutil.copytree(CARRY_MODEL, dest, dirs_exist_ok=True)
-    weights = CARRY_MODEL / "model.safetensors"
+    shutil.copytree(model, dest, dirs_exist_ok=True)
+    weights = Path(model) / "model.safetensors"
     with safe_open(str(weights), "pt") as f:
         metadata = f.metadata()
     tensors = load_file(str(weights))
-    mtp = load_file(str(PRE_NORM_MTP))
+    mtp = load_file(str(pre_norm_mtp))
     unknown = set(mtp) - set(tensors)
     if unknown:
-        raise ValueError(f"{PRE_NORM_MTP.name} names tensors the checkpoint lacks: {sorted(unknown)[:3]}")
+        raise ValueError(f"{Path(pre_norm_mtp).name} names tensors the checkpoint lacks: {sorted(unknown)[:3]}")
     tensors.update(mtp)
     save_file(tensors, str(dest / "model.safetensors"), metadata=metadata)
     return dest

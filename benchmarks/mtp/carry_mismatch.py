@@ -6,6 +6,7 @@ eagle topk 1, index share on, greedy, held-out prompts. Every configuration's to
 to the target served without MTP (lossless). Writes here: carry_mismatch.json / .md / .png.
 
     python benchmarks/mtp/carry_mismatch.py            # 8 prompts x 64 new tokens
+    python benchmarks/mtp/carry_mismatch.py --model M --pre-norm-mtp F --summary S --out DIR   # another pair
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TEXT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
 STEPS = 5
+
+
+def shown(path: Path) -> Path:
+    """path relative to the repository when inside it (for the written results)."""
+    path = Path(path).resolve()
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
 def target_tokens(model: Path, prompts, new_tokens: int) -> list[list[int]]:
@@ -66,10 +73,10 @@ def markdown(table: dict, meta: dict) -> str:
         "",
         f"Hardware: {meta['hardware']}. {meta['prompts']} held-out prompts x {meta['prompt_len']} tokens, "
         f"{meta['new_tokens']} new tokens each, greedy; EAGLE, {STEPS} draft steps, eagle topk 1, index share on. "
-        f"Model: `assets/glm-dsa-mini-carry` (shared_head.norm CV {meta['norm_cv']:.2f}, "
+        f"Model: `{meta['model']}` (shared_head.norm CV {meta['norm_cv']:.2f}, "
         f"max/median {meta['norm_max_over_median']:.1f}) with each MTP layer. "
         f"Lossless against the target served without MTP: {meta['lossless']}. "
-        f"Command: `python benchmarks/mtp/carry_mismatch.py` ({meta['seconds']:.0f} s).",
+        f"Command: `{meta['command']}` ({meta['seconds']:.0f} s).",
         "",
         "| MTP trained with | served with | accept length | accept rate | per-position acceptance |",
         "|---|---|---|---|---|",
@@ -83,15 +90,15 @@ def markdown(table: dict, meta: dict) -> str:
               "drafted tokens. `sglang_glm_tools.carry_check` recommends, for the post-norm-trained checkpoint: "
               f"`{meta['recommended']['post_trained']}`; for the pre-norm-trained one: "
               f"`{meta['recommended']['pre_trained']}`.", "", "![per-position acceptance](carry_mismatch.png)", ""]
-    lines += why(table)
+    lines += why(table, meta["summary"])
     return "\n".join(lines)
 
 
-def why(table: dict) -> list[str]:
+def why(table: dict, summary_path: Path) -> list[str]:
     """The asymmetry between the rows, from the training run's teacher-forced draft accuracy."""
     from sglang_glm_tools.carry_check import CLEAR_GAIN
 
-    summary = json.loads((ROOT / "benchmarks" / "train" / "carry" / "summary.json").read_text())["carries"]
+    summary = json.loads(summary_path.read_text())["carries"]
     rows = []
     for carry in ("post_norm", "pre_norm"):
         own = summary[carry]["heldout_draft_accuracy_per_depth_own_carry"]
@@ -109,7 +116,7 @@ def why(table: dict) -> list[str]:
         "carry it sees, at every step, an input it was trained on at step 0. The post-norm-trained layer "
         "never saw an unspread input, so the pre-norm carry is out of its training distribution from "
         "draft step 1 on. Teacher-forced draft accuracy on 16 held-out windows x 256 tokens (training "
-        "run, `benchmarks/train/carry/summary.json`) shows the same asymmetry:",
+        f"run, `{shown(summary_path)}`) shows the same asymmetry:",
         "",
         "| MTP trained with | own carry, depth 1/2/3 | other carry, depth 1/2/3 | served accept-length gain of own carry |",
         "|---|---|---|---|",
@@ -126,6 +133,11 @@ def main(argv=None):
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--model", type=Path, default=None, help="the pair's checkpoint (default: the bundled pair)")
+    ap.add_argument("--pre-norm-mtp", type=Path, default=None, help="its pre-norm-trained MTP layer")
+    ap.add_argument("--summary", type=Path, default=ROOT / "benchmarks" / "train" / "carry" / "summary.json",
+                    help="the pair's training summary (train_mtp_carry.py)")
+    ap.add_argument("--out", type=Path, default=HERE)
     a = ap.parse_args(argv)
 
     from sglang_glm.cpu_compat import activate
@@ -135,31 +147,35 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     from sglang_glm_tools.carry_check import check, prompts_from
-    from sglang_glm_tools.carry_models import CARRY_MODEL, checkpoint_with_mtp
+    from sglang_glm_tools.carry_models import CARRY_MODEL, PRE_NORM_MTP, checkpoint_with_mtp
 
+    pair = a.model or CARRY_MODEL, a.pre_norm_mtp or PRE_NORM_MTP
     t0 = time.time()
-    prompts = prompts_from(TEXT.read_text(), AutoTokenizer.from_pretrained(str(CARRY_MODEL)), a.prompts, a.prompt_len)
-    reference = target_tokens(CARRY_MODEL, prompts, a.new_tokens)
+    prompts = prompts_from(TEXT.read_text(), AutoTokenizer.from_pretrained(str(pair[0])), a.prompts, a.prompt_len)
+    reference = target_tokens(pair[0], prompts, a.new_tokens)
     table, recommended, lossless = {}, {}, True
     with tempfile.TemporaryDirectory() as tmp:
         for trained in ("post_norm", "pre_norm"):
             print(f"MTP trained with the {trained} carry: serving with each carry", flush=True)
-            model = checkpoint_with_mtp(trained, Path(tmp) / trained)
+            model = checkpoint_with_mtp(trained, Path(tmp) / trained, *pair)
             result = check(model, prompts, a.new_tokens, STEPS, on_gpu=False)
             lossless &= all(r.tokens == reference for r in result["results"].values())
             key = f"{trained.split('_')[0]}_trained"
             table[key] = {c: r.as_dict() for c, r in result["results"].items()}
             recommended[key] = result["recommended"]
             print(json.dumps(table[key]), flush=True)
-    norm = load_file(str(CARRY_MODEL / "model.safetensors"))["model.layers.8.shared_head.norm.weight"].double()
+    layers = json.loads((pair[0] / "config.json").read_text())["num_hidden_layers"]
+    norm = load_file(str(pair[0] / "model.safetensors"))[f"model.layers.{layers}.shared_head.norm.weight"].double()
     meta = {"hardware": hardware(), "prompts": len(prompts), "prompt_len": a.prompt_len,
+            "model": shown(pair[0]), "summary": a.summary, "command": " ".join(["python", *sys.argv]),
             "new_tokens": a.new_tokens, "lossless": lossless, "recommended": recommended,
             "norm_cv": float(norm.std() / norm.mean()), "norm_max_over_median": float(norm.abs().max() / norm.abs().median()),
             "seconds": time.time() - t0}
-    (HERE / "carry_mismatch.json").write_text(json.dumps(table, indent=1) + "\n")
-    (HERE / "carry_mismatch.md").write_text(markdown(table, meta))
-    plot(table, HERE / "carry_mismatch.png")
-    print((HERE / "carry_mismatch.md").read_text())
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "carry_mismatch.json").write_text(json.dumps(table, indent=1) + "\n")
+    (a.out / "carry_mismatch.md").write_text(markdown(table, meta))
+    plot(table, a.out / "carry_mismatch.png")
+    print((a.out / "carry_mismatch.md").read_text())
     return 0 if lossless else 1
 
 

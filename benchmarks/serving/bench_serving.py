@@ -32,7 +32,7 @@ from pathlib import Path
 
 import requests
 
-from sglang_glm.cpu_compat.server import CPU_SERVER_ARGS, free_port, launched_server
+from sglang_glm.cpu_compat.server import CPU_SERVER_ARGS, launched_server
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -56,17 +56,17 @@ def on_cpu() -> bool:
 @contextlib.contextmanager
 def server(model: Path, extra: list[str], log_path: Path, max_running: int, timeout=600):
     """The server in its own process group; yields (url, None) or (None, error text)."""
-    port = free_port()
     launcher = "sglang_glm.cpu_compat.launch_server" if on_cpu() else "sglang.launch_server"
-    cmd = [sys.executable, "-m", launcher, "--model-path", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--max-running-requests", str(max_running),
-           "--enable-metrics", "--decode-log-interval", "1", *extra]
-    if on_cpu():
-        cmd += list(CPU_SERVER_ARGS)
+
+    def cmd(port):
+        return [sys.executable, "-m", launcher, "--model-path", str(model), "--host", "127.0.0.1",
+                "--port", str(port), "--max-running-requests", str(max_running),
+                "--enable-metrics", "--decode-log-interval", "1", *extra, *(CPU_SERVER_ARGS if on_cpu() else [])]
+
     t0 = time.time()
     with contextlib.ExitStack() as stack:
         try:
-            url = stack.enter_context(launched_server(cmd, port, log_path, timeout))
+            url = stack.enter_context(launched_server(cmd, log_path, timeout))
         except (RuntimeError, TimeoutError) as exc:
             tail = log_path.read_text().strip().splitlines()[-5:]
             yield None, f"{exc}: " + " | ".join(tail)

@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 # Small pools keep several servers within a small machine's memory; float32 for exact tokens.
 CPU_SERVER_ARGS = (
@@ -47,39 +48,56 @@ def _healthy(url: str) -> bool:
         return False
 
 
+# uvicorn's message when another process took the port between free_port() and the bind; the server
+# then waits forever in its shutdown instead of exiting.
+PORT_TAKEN = "error while attempting to bind on address"
+
+
 @contextlib.contextmanager
-def launched_server(command: list[str], port: int, log_path, timeout: float = 300.0):
-    """Runs a server command in its own process group; yields its base URL once /health answers
-    and stops the whole group on exit. Start-up failure: RuntimeError (exited) or TimeoutError."""
-    log = open(log_path, "w")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + timeout
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; log: {log_path}")
-            if time.time() > deadline:
-                raise TimeoutError(f"server not healthy after {timeout}s; log: {log_path}")
-            time.sleep(1)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+def launched_server(command: Callable[[int], list[str]], log_path, timeout: float = 300.0, attempts: int = 3):
+    """Runs command(port) in its own process group; yields its base URL once /health answers and
+    stops the whole group on exit. A port taken before the server bound it is retried on a fresh
+    one. Start-up failure: RuntimeError (exited) or TimeoutError."""
+    for attempt in range(1, attempts + 1):
+        port = free_port()
+        log = open(log_path, "w")
+        proc = subprocess.Popen(command(port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+            deadline = time.time() + timeout
+            while not _healthy(url):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}; log: {log_path}")
+                if PORT_TAKEN in Path(log_path).read_text(errors="replace"):
+                    break
+                if time.time() > deadline:
+                    raise TimeoutError(f"server not healthy after {timeout}s; log: {log_path}")
+                time.sleep(1)
+            else:
+                yield url
+                return
+            if attempt == attempts:
+                raise RuntimeError(f"port taken before the server bound it, {attempts} times; log: {log_path}")
+        finally:
+            _stop(proc)
+            log.close()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 @contextlib.contextmanager
 def cpu_server(model_path, *args: str, timeout: float = 300.0, log_path=None):
     """Yields the base URL of a healthy CPU server; stops the whole process group on exit."""
-    port = free_port()
-    log_path = Path(log_path or Path(tempfile.gettempdir()) / f"sglang_server_{port}.log")
-    with launched_server(_command(model_path, port, args), port, log_path, timeout) as url:
+    log_path = Path(log_path or tempfile.mkstemp(prefix="sglang_server_", suffix=".log")[1])
+    with launched_server(lambda port: _command(model_path, port, args), log_path, timeout) as url:
         yield url
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_glm.cpu_compat.server import free_port, launched_server
+from sglang_glm.cpu_compat.server import launched_server
 
 MARGIN = 0.4  # nats of the reference's top-2 logit gap
 MAX_NEAR_TIE_FRACTION = 0.25
@@ -88,14 +88,15 @@ def make_model(root: Path, name: str, **kw) -> Path:
 @contextlib.contextmanager
 def gpu_server(model_path, name: str, *args: str, timeout: float = 420.0, env: dict | None = None):
     """`python -m sglang.launch_server` with the plugin, on the GPU; its log goes to the results."""
-    port = free_port()
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
-               "--host", "127.0.0.1", "--port", str(port), *GPU_SERVER_ARGS, *args]
+    def command(port):
+        return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_path),
+                "--host", "127.0.0.1", "--port", str(port), *GPU_SERVER_ARGS, *args]
+
     log = results_dir() / f"server_{name}.log"
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        with launched_server(command, port, log, timeout) as url:
+        with launched_server(command, log, timeout) as url:
             yield url
     finally:
         for k, v in old.items():
