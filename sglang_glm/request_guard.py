@@ -133,6 +133,13 @@ def check_shape(obj) -> None:
     if len(given) > 1:
         # SGLang refuses all three together only; two index each other per prompt (a 500).
         raise ValueError(f"{' and '.join(given)} are both set; send the prompt in one of them")
+    embeds = obj.input_embeds
+    if embeds is not None and not (isinstance(embeds, list) and embeds and isinstance(embeds[0], list) and embeds[0]):
+        # SGLang tells a batch from one prompt by input_embeds[0][0]: an IndexError (a 500) on an empty one.
+        raise ValueError(
+            f"input_embeds = {str(embeds)[:100]}: send one embedding vector per prompt token (a list of "
+            "lists of floats), or one such list per prompt"
+        )
     _session_params_valid(obj.session_params)
     _hidden_states_modes_valid(obj.return_hidden_states, _batch_size(obj) is not None)
     if obj.positional_embed_overrides is not None:

@@ -328,6 +328,11 @@ FUZZER_FOUND = {
         "/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "x"}],
                                  "temperature": 0, "max_completion_tokens": 0},
         ["max_completion_tokens = 0"]),
+    # SGLang reads input_embeds[0][0] to tell a batch from one prompt: IndexError, 500 (CI fuzz seed 2113615600)
+    "input_embeds_empty": (
+        "/generate", {"images_config": {}, "input_embeds": [], "sampling_params": GREEDY}, ["input_embeds = []"]),
+    "input_embeds_empty_prompt": (
+        "/generate", {"input_embeds": [[]], "sampling_params": GREEDY}, ["input_embeds = [[]]"]),
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
                                         "temperature": 0, "rid": []}, ["rid is a list"]),
