@@ -33,6 +33,12 @@ def norm_spread(hidden: int, seed: int, sigma: float, outliers: int, outlier_sca
     return s / s.median()
 
 
+def norm_stats(weight: torch.Tensor) -> dict:
+    """How far a norm's gains are from flat: coefficient of variation and max / median."""
+    w = weight.detach().double()
+    return {"cv": float(w.std() / w.mean()), "max_over_median": float(w.abs().max() / w.abs().median())}
+
+
 def checkpoint_with_mtp(trained_carry: str, dest: Path, model: Path = CARRY_MODEL,
                         pre_norm_mtp: Path = PRE_NORM_MTP) -> Path:
     """The carry pair's checkpoint (`model`, its MTP layer trained with the post-norm carry, and

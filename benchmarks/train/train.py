@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from sglang_glm_tools.carry_models import norm_spread
+from sglang_glm_tools.carry_models import norm_spread, norm_stats
 from sglang_glm_tools.reference import DsaConfig, GlmDsaForCausalLM
 from sglang_glm_tools.reference.layers import Router
 
@@ -48,11 +48,6 @@ def init_weights(model: GlmDsaForCausalLM, std: float, final_norm_spread: dict |
             s = norm_spread(model.cfg.hidden_size, **final_norm_spread).float()
             model.model.norm.weight.copy_(s)
             model.mtp_layer.shared_head.norm.weight.copy_(s)
-
-
-def norm_stats(weight: torch.Tensor) -> dict:
-    w = weight.detach().double()
-    return {"cv": round(float(w.std() / w.mean()), 4), "max_over_median": round(float(w.abs().max() / w.abs().median()), 3)}
 
 
 def save_shards(tensors: dict, out: Path, max_bytes: int = 15 << 20) -> None:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from sglang_glm_tools.carry_models import norm_spread
+from sglang_glm_tools.carry_models import norm_spread, norm_stats
 from sglang_glm_tools.reference import load_reference_model
 
 HERE = Path(__file__).resolve().parent
@@ -57,11 +57,6 @@ def reparametrise(model, s: torch.Tensor) -> dict:
         "target_logits_max_abs_diff": float((after.logits - before.logits).abs().max()),
         "target_greedy_equal": bool(torch.equal(after.logits.argmax(-1), before.logits.argmax(-1))),
     }
-
-
-def norm_stats(weight: torch.Tensor) -> dict:
-    w = weight.detach().double()
-    return {"cv": float(w.std() / w.mean()), "max_over_median": float(w.abs().max() / w.abs().median())}
 
 
 def mtp_parameters(model):
