@@ -7,7 +7,10 @@ checks that both give the same tokens, and prints acceptance for each and the ov
 
     python -m sglang_glm_tools.carry_check --model PATH --data FILE [--steps 5]
 
-On a machine without CUDA it serves on the CPU (float32, the plugin's CPU compatibility layer).
+On a machine without CUDA it serves on the CPU (float32, the plugin's CPU compatibility layer), where
+the two carries' tokens must be identical. On a GPU it serves the checkpoint's bfloat16 with SGLang's
+defaults (CUDA graphs); bfloat16 is not token-exact across the different verify batches the two
+carries make, so there the share of identical tokens is reported instead of required.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ def prompts_from(text: str, tokenizer, n: int, length: int) -> list[list[int]]:
 
 def engine_args(on_gpu: bool) -> dict:
     if on_gpu:
-        return {"log_level": "warning"}
+        # graphs for the check's own batch sizes only: capturing SGLang's default list costs more than the check
+        return {"log_level": "warning", "cuda_graph_max_bs_decode": 8}
     from sglang_glm.cpu_compat import CPU_ENGINE_ARGS
 
     return {**CPU_ENGINE_ARGS, "log_level": "warning"}
@@ -88,10 +92,19 @@ def check(model: Path, prompts, new_tokens: int = 48, steps: int = 5, on_gpu: bo
         activate()
     base = engine_args(on_gpu)
     results = {carry: serve(model, prompts, new_tokens, steps, carry, base) for carry in CARRIES}
-    if results[POST_NORM].tokens != results[PRE_NORM].tokens:
-        raise RuntimeError("the two carries served different greedy tokens: speculative decoding is not "
-                           "lossless here; report this as a bug, the acceptance figures are meaningless")
-    return recommend(results, resolve_recycle_policy(AutoConfig.from_pretrained(str(model))))
+    same = token_agreement(results[POST_NORM].tokens, results[PRE_NORM].tokens)
+    if same < 1 and not on_gpu:
+        raise RuntimeError("the two carries served different greedy tokens in float32: speculative decoding "
+                           "is not lossless here; report this as a bug, the acceptance figures are meaningless")
+    result = recommend(results, resolve_recycle_policy(AutoConfig.from_pretrained(str(model))))
+    return {**result, "identical_tokens": same}
+
+
+def token_agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of positions where two greedy generations of the same prompts hold the same token."""
+    pairs = [(x, y) for sa, sb in zip(a, b) for x, y in zip(sa, sb)]
+    total = max(sum(max(len(sa), len(sb)) for sa, sb in zip(a, b)), 1)
+    return sum(x == y for x, y in pairs) / total
 
 
 def recommend(results: dict, default: str) -> dict:
@@ -112,6 +125,9 @@ def report(check_result: dict, steps: int) -> str:
     if rec != default:
         lines.append(f"WARNING: this checkpoint's default carry ({default}) accepts "
                      f"{check_result['gain']:.2f} tokens per round less than {rec}.")
+    if check_result.get("identical_tokens", 1) < 1:
+        lines.append(f"the carries' greedy tokens agree at {check_result['identical_tokens']:.1%} of positions "
+                     "(bfloat16 on a GPU is not token-exact across batch shapes)")
     lines.append(f"use: --json-model-override-args '{json.dumps({FIELD: rec})}'"
                   + ("" if rec != default else " (the default; no override needed)"))
     return "\n".join(lines)
@@ -134,6 +150,7 @@ def main(argv=None) -> int:
     print(report(result, a.steps))
     if a.json:
         a.json.write_text(json.dumps({"default": result["default"], "recommended": result["recommended"],
+                                      "identical_tokens": result["identical_tokens"],
                                       **{c: r.as_dict() for c, r in result["results"].items()}}, indent=1) + "\n")
     return 0
 

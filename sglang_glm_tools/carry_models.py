@@ -1,9 +1,10 @@
 """The carry pair (issue 15): one target, two MTP layers trained with different carries.
 
-`glm-dsa-mini-carry` is glm-dsa-mini with its final norms spread per channel (logits unchanged)
-and an MTP layer trained with the post-norm carry; the MTP layer trained with the pre-norm carry
-over the same target sits beside it (outside the checkpoint folder, so loaders never pick it up).
-Made by benchmarks/train/carry/.
+`glm5-geometry-carry` is a small target with GLM-5's attention geometry, trained on the H200 with its
+final norms started spread per channel (shared_head.norm CV 0.94, max/median 12.8 after training),
+and an MTP layer trained with the post-norm carry; the MTP layer trained with the pre-norm carry over
+the same frozen target sits beside it (outside the checkpoint folder, so loaders never pick it up).
+Made by benchmarks/train/carry/h200_glm5_pair.sh.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from sglang_glm.mtp.recycle import POST_NORM, PRE_NORM
 
 # The repository's assets/ (the bundled models are not in the wheel).
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-CARRY_MODEL = ASSETS / "glm-dsa-mini-carry"
-PRE_NORM_MTP = ASSETS / "glm-dsa-mini-carry.mtp_pre_norm.safetensors"
+CARRY_MODEL = ASSETS / "glm5-geometry-carry"
+PRE_NORM_MTP = ASSETS / "glm5-geometry-carry.mtp_pre_norm.safetensors"
 
 
 def norm_spread(hidden: int, seed: int, sigma: float, outliers: int, outlier_scale: float) -> torch.Tensor:

@@ -4,15 +4,20 @@ Rows: the MTP layer trained with the post-norm / pre-norm carry (one target, `sg
 Columns: the carry SGLang recycles between draft steps (`mtp_recycle_hidden`). EAGLE, 5 draft steps,
 eagle topk 1, index share on, greedy, held-out prompts. Every configuration's tokens are checked equal
 to the target served without MTP (lossless). Writes here: carry_mismatch.json / .md / .png.
+With --gpu it serves bfloat16 on the GPU with SGLang's defaults (the plugin's Triton backend, CUDA
+graphs); bfloat16 is not token-exact across batch shapes, so there the share of greedy tokens equal to
+the target's is reported instead of checked.
 
     python benchmarks/mtp/carry_mismatch.py            # 8 prompts x 64 new tokens
     python benchmarks/mtp/carry_mismatch.py --model M --pre-norm-mtp F --summary S --out DIR   # another pair
+    python benchmarks/mtp/carry_mismatch.py --gpu --model M ...                                 # on the H200
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -29,16 +34,16 @@ STEPS = 5
 
 def shown(path: Path) -> Path:
     """path relative to the repository when inside it (for the written results)."""
-    path = Path(path).resolve()
+    path = Path(os.path.abspath(path))  # not resolve(): a symlinked checkpoint keeps its repository name
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
 
 
-def target_tokens(model: Path, prompts, new_tokens: int) -> list[list[int]]:
+def target_tokens(model: Path, prompts, new_tokens: int, on_gpu: bool) -> list[list[int]]:
     import sglang as sgl
 
     from sglang_glm_tools.carry_check import engine_args
 
-    llm = sgl.Engine(model_path=str(model), **engine_args(on_gpu=False))
+    llm = sgl.Engine(model_path=str(model), **engine_args(on_gpu))
     try:
         outs = llm.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": new_tokens})
     finally:
@@ -75,7 +80,7 @@ def markdown(table: dict, meta: dict) -> str:
         f"{meta['new_tokens']} new tokens each, greedy; EAGLE, {STEPS} draft steps, eagle topk 1, index share on. "
         f"Model: `{meta['model']}` (shared_head.norm CV {meta['norm_cv']:.2f}, "
         f"max/median {meta['norm_max_over_median']:.1f}) with each MTP layer. "
-        f"Lossless against the target served without MTP: {meta['lossless']}. "
+        f"{meta['lossless']}. "
         f"Command: `{meta['command']}` ({meta['seconds']:.0f} s).",
         "",
         "| MTP trained with | served with | accept length | accept rate | per-position acceptance |",
@@ -138,37 +143,46 @@ def main(argv=None):
     ap.add_argument("--summary", type=Path, default=ROOT / "benchmarks" / "train" / "carry" / "summary.json",
                     help="the pair's training summary (train_mtp_carry.py)")
     ap.add_argument("--out", type=Path, default=HERE)
+    ap.add_argument("--gpu", action="store_true", help="serve on the GPU (bfloat16, Triton backend, CUDA graphs)")
     a = ap.parse_args(argv)
 
-    from sglang_glm.cpu_compat import activate
+    if not a.gpu:
+        from sglang_glm.cpu_compat import activate
 
-    activate()
+        activate()
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
-    from sglang_glm_tools.carry_check import check, prompts_from
+    from sglang_glm_tools.carry_check import check, prompts_from, token_agreement
     from sglang_glm_tools.carry_models import CARRY_MODEL, PRE_NORM_MTP, checkpoint_with_mtp
 
     pair = a.model or CARRY_MODEL, a.pre_norm_mtp or PRE_NORM_MTP
     t0 = time.time()
     prompts = prompts_from(TEXT.read_text(), AutoTokenizer.from_pretrained(str(pair[0])), a.prompts, a.prompt_len)
-    reference = target_tokens(pair[0], prompts, a.new_tokens)
-    table, recommended, lossless = {}, {}, True
+    table, recommended, served = {}, {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for trained in ("post_norm", "pre_norm"):
             print(f"MTP trained with the {trained} carry: serving with each carry", flush=True)
             model = checkpoint_with_mtp(trained, Path(tmp) / trained, *pair)
-            result = check(model, prompts, a.new_tokens, STEPS, on_gpu=False)
-            lossless &= all(r.tokens == reference for r in result["results"].values())
+            result = check(model, prompts, a.new_tokens, STEPS, on_gpu=a.gpu)
+            served += [r.tokens for r in result["results"].values()]
             key = f"{trained.split('_')[0]}_trained"
             table[key] = {c: r.as_dict() for c, r in result["results"].items()}
             recommended[key] = result["recommended"]
             print(json.dumps(table[key]), flush=True)
     layers = json.loads((pair[0] / "config.json").read_text())["num_hidden_layers"]
     norm = load_file(str(pair[0] / "model.safetensors"))[f"model.layers.{layers}.shared_head.norm.weight"].double()
-    meta = {"hardware": hardware(), "prompts": len(prompts), "prompt_len": a.prompt_len,
+    reference = target_tokens(pair[0], prompts, a.new_tokens, a.gpu)  # last: the table is printed by then
+    agreement = [token_agreement(tokens, reference) for tokens in served]
+    lossless = min(agreement) == 1
+    if a.gpu:
+        verdict = (f"Greedy tokens equal to the target served without MTP (bfloat16, not token-exact across "
+                   f"batch shapes): {min(agreement):.1%} to {max(agreement):.1%} of positions per configuration")
+    else:
+        verdict = f"Lossless against the target served without MTP (float32, every token): {lossless}"
+    meta = {"hardware": gpu_hardware() if a.gpu else hardware(), "prompts": len(prompts), "prompt_len": a.prompt_len,
             "model": shown(pair[0]), "summary": a.summary, "command": " ".join(["python", *sys.argv]),
-            "new_tokens": a.new_tokens, "lossless": lossless, "recommended": recommended,
+            "new_tokens": a.new_tokens, "lossless": verdict, "recommended": recommended,
             "norm_cv": float(norm.std() / norm.mean()), "norm_max_over_median": float(norm.abs().max() / norm.abs().median()),
             "seconds": time.time() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
@@ -176,7 +190,18 @@ def main(argv=None):
     (a.out / "carry_mismatch.md").write_text(markdown(table, meta))
     plot(table, a.out / "carry_mismatch.png")
     print((a.out / "carry_mismatch.md").read_text())
-    return 0 if lossless else 1
+    return 0 if lossless or a.gpu else 1
+
+
+def gpu_hardware() -> str:
+    import platform
+
+    import sglang
+    import torch
+
+    return (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, SGLang {sglang.__version__}, "
+            f"Python {platform.python_version()} (bfloat16, CUDA graphs, the attention backend the plugin "
+            "picks on CUDA: glm_dsa_triton within its geometry)")
 
 
 if __name__ == "__main__":

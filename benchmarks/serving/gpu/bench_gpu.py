@@ -227,7 +227,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = args.out / "results.jsonl"
     meta = {"hardware": hardware(), "server_args": extra, "server_env": server_env, "weights": "dummy" if dummy else "trained",
-            "scale": scale, "model": json.loads((args.model / "config.json").read_text())}
+            "scale": scale, "model": json.loads((args.model / "config.json").read_text()), "model_path": str(args.model)}
     print(f"{meta['hardware']}; {len(runs)} server(s), deadline {args.deadline_s:.0f}s", flush=True)
 
     base_path = os.environ.get("PYTHONPATH", "")

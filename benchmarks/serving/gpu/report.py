@@ -27,8 +27,8 @@ RATIOS = [
     ("MTP draft steps with index share vs without, batch 1", "mtp_share_on", "mtp_share_off", "decode_b1", "median_itl_ms"),
     ("MTP draft steps with index share vs without, batch 32", "mtp_share_on", "mtp_share_off", "decode_b32", "median_itl_ms"),
     # the trained small model (held-out text, real acceptance); TPOT: with MTP a streamed chunk holds several tokens
-    ("MTP (EAGLE, 3 draft steps) vs none, trained glm-dsa-mini (glm_dsa_torch, eager), batch 1", "mtp_share_on", "indexcache", "text_b1", "median_tpot_ms"),
-    ("MTP (EAGLE, 3 draft steps) vs none, trained glm-dsa-mini (glm_dsa_torch, eager), batch 32", "mtp_share_on", "indexcache", "text_b32", "median_tpot_ms"),
+    ("MTP (EAGLE, 3 draft steps) vs none, trained {model}, batch 1", "mtp_share_on", "indexcache", "text_b1", "median_tpot_ms"),
+    ("MTP (EAGLE, 3 draft steps) vs none, trained {model}, batch 32", "mtp_share_on", "indexcache", "text_b32", "median_tpot_ms"),
 ]
 
 
@@ -39,6 +39,12 @@ def load(results: Path) -> list[dict]:
 def model_name(row: dict) -> str:
     m = row["meta"]["model"]
     return f"GLM-5.2-shaped ({m['num_hidden_layers']} layers)" if m["hidden_size"] == 6144 else f"hidden {m['hidden_size']}"
+
+
+def served_as(row: dict) -> str:
+    """A trained model's name and how it was served, for the text workloads' ratio labels."""
+    backend = "glm_dsa_torch, eager" if "glm_dsa_torch" in row["meta"]["server_args"] else "glm_dsa_triton, CUDA graphs"
+    return f"{Path(row['meta']['model_path']).name} ({backend})"
 
 
 def table(rows: list[dict]) -> str:
@@ -78,7 +84,7 @@ def ratios(rows: list[dict]) -> tuple[str, list[dict]]:
             shaped = not wl.startswith("text")
             a, b = by.get((lease, shaped, cfg, wl)), by.get((lease, shaped, base, wl))
             if a and b and a[metric] and b[metric]:
-                add(what, metric, a, b)
+                add(what.format(model=served_as(a)) if not shaped else what, metric, a, b)
     for r in ok:  # before/after: a config served by another plugin build (--plugin NAME=DIR)
         a = next((x for x in ok if x["call"] == r["call"] and not x.get("plugin") and x["config"] == r["config"]
                   and x["workload"] == r["workload"]), None)

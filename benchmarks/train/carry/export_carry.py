@@ -64,10 +64,11 @@ def main(argv):
     post = load_file(str(a.run / "mtp_post_norm.safetensors"))
     assert set(post) <= set(tensors), "the MTP file names tensors the target checkpoint lacks"
     tensors.update(post)
+    # read before the rmtree: --dest may be --target itself
+    config, tokenizer = AutoConfig.from_pretrained(str(a.target)), AutoTokenizer.from_pretrained(str(a.target))
     if a.dest.exists():
         shutil.rmtree(a.dest)
-    write_checkpoint(a.dest, AutoConfig.from_pretrained(str(a.target)), tensors,
-                     tokenizer=AutoTokenizer.from_pretrained(str(a.target)), dtype=torch.bfloat16)
+    write_checkpoint(a.dest, config, tensors, tokenizer=tokenizer, dtype=torch.bfloat16)
     shutil.copyfile(a.run / "mtp_pre_norm.safetensors", a.pre_norm_dest)
     a.logs.mkdir(parents=True, exist_ok=True)
     for name in ("log_post_norm.csv", "log_pre_norm.csv", "summary.json"):

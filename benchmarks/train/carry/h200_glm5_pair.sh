@@ -4,12 +4,12 @@
 # with its final norms started spread (config_glm5_geometry.json), its jointly trained post-norm MTP
 # layer, then both carries' MTP layers trained again over the frozen target from that start.
 #   here:   python benchmarks/train/prepare_data.py --tokenizer assets/glm-dsa-mini --out build/carry-data
-#   device: bash benchmarks/train/carry/h200_glm5_pair.sh      (carry build/carry-data; ~8 minutes)
+#   device: BUDGET_S=280 bash benchmarks/train/carry/h200_glm5_pair.sh   (carry build/carry-data; ~9 minutes)
 #   here:   python benchmarks/train/export.py RUN/target --tokenizer build/carry-data/tokenizer \
-#             --dest assets/glm5-geometry-carry --logs benchmarks/train/carry/glm5_geometry
+#             --dest assets/glm5-geometry-carry --logs benchmarks/train/carry/target
 #           python benchmarks/train/carry/export_carry.py RUN/carry --target assets/glm5-geometry-carry \
 #             --dest assets/glm5-geometry-carry --pre-norm-dest assets/glm5-geometry-carry.mtp_pre_norm.safetensors \
-#             --logs benchmarks/train/carry/glm5_geometry
+#             --logs benchmarks/train/carry
 # Writes to $OUT: target shards (hub-NN.safetensors, each under the 16 MiB a file that comes back) and
 # pair.tar.gz (logs, summaries, both MTP layers).
 set -euo pipefail
