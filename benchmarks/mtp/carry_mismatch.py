@@ -78,8 +78,8 @@ def markdown(table: dict, meta: dict) -> str:
         "",
         f"Hardware: {meta['hardware']}. {meta['prompts']} held-out prompts x {meta['prompt_len']} tokens, "
         f"{meta['new_tokens']} new tokens each, greedy; EAGLE, {STEPS} draft steps, eagle topk 1, index share on. "
-        f"Model: `{meta['model']}` (shared_head.norm CV {meta['norm_cv']:.2f}, "
-        f"max/median {meta['norm_max_over_median']:.1f}) with each MTP layer. "
+        f"Model: `{meta['model']}` (shared_head.norm CV {meta['norm']['cv']:.2f}, "
+        f"max/median {meta['norm']['max_over_median']:.1f}) with each MTP layer. "
         f"{meta['lossless']}. "
         f"Command: `{meta['command']}` ({meta['seconds']:.0f} s).",
         "",
@@ -154,7 +154,7 @@ def main(argv=None):
     from transformers import AutoTokenizer
 
     from sglang_glm_tools.carry_check import check, prompts_from, token_agreement
-    from sglang_glm_tools.carry_models import CARRY_MODEL, PRE_NORM_MTP, checkpoint_with_mtp
+    from sglang_glm_tools.carry_models import CARRY_MODEL, PRE_NORM_MTP, checkpoint_with_mtp, norm_stats
 
     pair = a.model or CARRY_MODEL, a.pre_norm_mtp or PRE_NORM_MTP
     t0 = time.time()
@@ -171,7 +171,7 @@ def main(argv=None):
             recommended[key] = result["recommended"]
             print(json.dumps(table[key]), flush=True)
     layers = json.loads((pair[0] / "config.json").read_text())["num_hidden_layers"]
-    norm = load_file(str(pair[0] / "model.safetensors"))[f"model.layers.{layers}.shared_head.norm.weight"].double()
+    norm = norm_stats(load_file(str(pair[0] / "model.safetensors"))[f"model.layers.{layers}.shared_head.norm.weight"])
     reference = target_tokens(pair[0], prompts, a.new_tokens, a.gpu)  # last: the table is printed by then
     agreement = [token_agreement(tokens, reference) for tokens in served]
     lossless = min(agreement) == 1
@@ -183,7 +183,7 @@ def main(argv=None):
     meta = {"hardware": gpu_hardware() if a.gpu else hardware(), "prompts": len(prompts), "prompt_len": a.prompt_len,
             "model": shown(pair[0]), "summary": a.summary, "command": " ".join(["python", *sys.argv]),
             "new_tokens": a.new_tokens, "lossless": verdict, "recommended": recommended,
-            "norm_cv": float(norm.std() / norm.mean()), "norm_max_over_median": float(norm.abs().max() / norm.abs().median()),
+            "norm": norm,
             "seconds": time.time() - t0}
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "carry_mismatch.json").write_text(json.dumps(table, indent=1) + "\n")
