@@ -11,6 +11,8 @@ the target's is reported instead of checked.
     python benchmarks/mtp/carry_mismatch.py            # 8 prompts x 64 new tokens
     python benchmarks/mtp/carry_mismatch.py --model M --pre-norm-mtp F --summary S --out DIR   # another pair
     python benchmarks/mtp/carry_mismatch.py --gpu --model M ...                                 # on the H200
+      (the project's H200 lacks the flash_mla wheel SGLang's EAGLE worker imports: put tests/gpu/standins
+      on PYTHONPATH there, as bench_gpu.py does for its servers)
 """
 
 from __future__ import annotations
