@@ -187,15 +187,18 @@ def correctness(kv_bf16, kv_fp8):
             idx[3] = -1
             out = torch.full((T, H, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.full((T, H), float("nan"), device="cuda")
-            sparse_mla_fwd(q, kv, idx, scale, out=out, lse=lse)
             sub = torch.arange(0, T, max(1, T // 24), device="cuda")  # float64 on a subset of tokens
             ro, rl = sparse_mla_fwd_ref(q[sub], kv, idx[sub], scale)
             ok_l = rl.isfinite()
-            e = rel_err(out[sub], ro)
-            el = (lse[sub][ok_l].double() - rl[ok_l]).abs().max().item()
-            good = (not out.isnan().any()) and (not lse.isnan().any()) and e < (2e-2 if name == "fp8" else 8e-3)
-            good = good and bool(lse[3].isinf().all()) and out[3].abs().max().item() == 0
-            check(f"sparse_mla {name} T={T} H={H}", good, f"out rel err {e:.2e}, lse max abs err {el:.2e}")
+            for impl, config in mla_impls(T, H, 2048, name == "fp8"):
+                out.fill_(float("nan"))
+                lse.fill_(float("nan"))
+                sparse_mla_fwd(q, kv, idx, scale, out=out, lse=lse, config=config)
+                e = rel_err(out[sub], ro)
+                el = (lse[sub][ok_l].double() - rl[ok_l]).abs().max().item()
+                good = (not out.isnan().any()) and (not lse.isnan().any()) and e < (2e-2 if name == "fp8" else 8e-3)
+                good = good and bool(lse[3].isinf().all()) and out[3].abs().max().item() == 0
+                check(f"sparse_mla {impl} {name} T={T} H={H}", good, f"out rel err {e:.2e}, lse max abs err {el:.2e}")
     # indexer + top-k, ragged causal limits, both key formats
     for k_fmt in ("bf16", "fp8"):
         B, max_pages, num_pages, T, topk = 6, 96, 700, 9, 2048
@@ -227,6 +230,19 @@ def correctness(kv_bf16, kv_fp8):
 
 
 # ------------------------------------------------------------------ sparse MLA
+def mla_impls(T, H, topk, kv_fp8):
+    """(label, config) of each glm_dsa implementation for a problem: the Triton kernel, and the SM90
+    warp-specialized one where default_config picks it (then both are timed, same run)."""
+    from glm_dsa_kernels.sparse_mla import default_config, warp_specialized_available
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ws = default_config(T, H, topk, kv_fp8, sms, warp_specialized_available("cuda"))
+    triton_cfg = default_config(T, H, topk, kv_fp8, sms)
+    if not ws.warp_specialized:
+        return [("glm_dsa sparse_mla_fwd", triton_cfg)]
+    return [("glm_dsa sparse_mla_fwd (triton)", triton_cfg), ("glm_dsa sparse_mla_fwd (sm90 gluon ws)", ws)]
+
+
 def mla_decode_tables(kv_bf16, kv_fp8, ceil):
     from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
 
@@ -239,7 +255,8 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
             nb, fl = sparse_mla_bytes(T, H, 2048, 1152), sparse_mla_flops(T, H, 2048)
             shape = f"batch {T}, heads {H}"
             tab.time(shape, "sglang triton_sparse_mla_decode", lambda: sglang_decode(q, kv3_bf16, idx, scale), nb, fl)
-            tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv_bf16, idx, scale), nb, fl)
+            for impl, cfg in mla_impls(T, H, 2048, False):
+                tab.time(shape, impl, lambda: sparse_mla_fwd(q, kv_bf16, idx, scale, config=cfg), nb, fl)
             if T == 64:
                 tab.time(shape, "torch gather+matmul (bf16)",
                          lambda: sparse_mla_fwd_ref(q, kv_bf16, idx, scale, compute_dtype=torch.bfloat16), nb, fl, rep=50)
@@ -267,7 +284,8 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
             t0 = time.time()
             tab.time(shape, "sglang triton_sparse_mla_fwd", lambda: sglang_fwd(q, kv3_bf16, idx, scale), nb, fl)
             log(f"  (sglang triton_sparse_mla_fwd, autotune included, took {time.time() - t0:.1f}s)")
-        tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv, idx, scale), nb, fl)
+        for impl, cfg in mla_impls(4096, 64, 2048, fmt == "fp8"):
+            tab.time(shape, impl, lambda: sparse_mla_fwd(q, kv, idx, scale, config=cfg), nb, fl)
     tab.show()
 
 

@@ -40,16 +40,35 @@ class SparseMLAConfig:
     num_warps: int
     num_stages: int
     prefetch: bool = False  # gather the next block into registers by hand (use with num_stages 1)
+    # the SM90 Gluon kernel (sparse_mla_sm90.py): 64-head blocks of 64 rows, BF16 KV, 2 stages, 8 + 4 warps
+    warp_specialized: bool = False
 
 
-def default_config(num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log)."""
+def warp_specialized_available(device) -> bool:
+    """The SM90 warp-specialized kernel runs here: a Hopper GPU and a Triton with Gluon."""
+    if torch.device(device).type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        from . import sparse_mla_sm90  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def default_config(
+    num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int, warp_specialized: bool = False
+) -> SparseMLAConfig:
+    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log).
+    warp_specialized: the SM90 kernel may run (`warp_specialized_available`); it takes BF16 KV with
+    a multiple of 64 heads."""
     if num_heads > 16:
         # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM).
         # Below one wave, split top-k until the programs fill the SMs (batch-1 decode with 2 programs
         # took 76 us a layer on the H200); each split's partial costs 128 KB/token each way.
         splits = 1 if num_tokens > num_sms else max(2, num_sms // num_tokens)
         splits = min(1 << (splits.bit_length() - 1), max(1, topk // 64))
+        if warp_specialized and not kv_fp8 and num_heads % 64 == 0:
+            return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=2, warp_specialized=True)
         return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=3 if kv_fp8 else 4)
     # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 1 (FP8) programs per SM
     programs_per_sm = 1 if kv_fp8 else 2
@@ -273,7 +292,18 @@ def sparse_mla_fwd(
         return out, lse
     if config is None:
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        config = default_config(T, H, topk, kv_fp8, num_sms)
+        config = default_config(T, H, topk, kv_fp8, num_sms, warp_specialized_available(q.device))
+    if config.warp_specialized:
+        if kv_fp8 or H % 64 or (config.block_h, config.block_n) != (64, 64):
+            raise ValueError(
+                f"warp_specialized sparse MLA takes BF16 KV, a multiple of 64 heads and 64 x 64 blocks; got "
+                f"kv {kv.dtype}, {H} heads, block_h {config.block_h}, block_n {config.block_n}: use "
+                "default_config(...) for this problem"
+            )
+        from .sparse_mla_sm90 import sparse_mla_fwd_sm90
+
+        sparse_mla_fwd_sm90(q, kv, indices, sm_scale * _LOG2E, out, lse, config.splits, _merge_splits)
+        return out, lse
     split_len = triton.cdiv(triton.cdiv(topk, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(topk, split_len)
     if splits > 1:
@@ -292,11 +322,16 @@ def sparse_mla_fwd(
         PREFETCH=config.prefetch, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
     )
     if splits > 1:
-        _merge_splits_kernel[(H, T)](
-            part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
-            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
-        )
+        _merge_splits(part_out, part_lse, out, lse, splits)
     return out, lse
+
+
+def _merge_splits(part_out, part_lse, out, lse, splits: int) -> None:
+    T, H, _ = out.shape
+    _merge_splits_kernel[(H, T)](
+        part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
+        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +392,7 @@ def sparse_mla_bytes(num_tokens: int, num_heads: int, topk: int, kv_row_bytes: i
 
 
 __all__ = [
-    "SparseMLAConfig", "default_config", "sparse_mla_fwd", "sparse_mla_fwd_ref",
+    "SparseMLAConfig", "default_config", "warp_specialized_available", "sparse_mla_fwd", "sparse_mla_fwd_ref",
     "quantize_kv_fp8", "dequantize_kv_fp8", "sparse_mla_flops", "sparse_mla_bytes",
     "D_QK", "D_V", "FP8_ROW_BYTES",
 ]

@@ -23,7 +23,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
-from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd
+from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
 from glm_dsa_kernels.topk_select import topk_positions
 from sglang_glm.attention.backends import TRITON_BACKEND, DsaIndexBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
@@ -62,6 +62,8 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         self.token_to_kv_pool.check_served_by(TRITON_BACKEND)
         self.max_pages = -(-self.req_to_token.shape[1] // self.page)
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        # Hopper runs 64-head sparse MLA on BF16 KV in the warp-specialized Gluon kernel
+        self.warp_specialized = warp_specialized_available(self.device)
         self.forward_metadata: Optional[TritonDSAMetadata] = None
         self.graph_metadata: Optional[TritonDSAMetadata] = None
 
@@ -216,7 +218,8 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         kv = pool.mla_rows(layer.layer_id)
         heads, dtype = layer.tp_q_head_num, q.dtype
         q = q.view(-1, heads, layer.qk_head_dim).to(torch.bfloat16)
-        config = default_config(q.shape[0], heads, rows.shape[1], kv.dtype == torch.uint8, self.num_sms)
+        config = default_config(q.shape[0], heads, rows.shape[1], kv.dtype == torch.uint8, self.num_sms,
+                                self.warp_specialized)
         out, _ = sparse_mla_fwd(q, kv, rows, layer.scaling, d_v=layer.v_head_dim, config=config)
         return out.view(-1, heads * layer.v_head_dim).to(dtype)
 

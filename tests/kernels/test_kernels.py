@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
-from glm_dsa_kernels.sparse_mla import SparseMLAConfig, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref
+from glm_dsa_kernels.sparse_mla import (
+    SparseMLAConfig, default_config, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref, warp_specialized_available,
+)
 from glm_dsa_kernels.topk_compact import compact_topk_rows, compact_topk_rows_ref
 from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
 
@@ -87,6 +89,52 @@ def test_default_configs_fill_the_h200_at_small_batch():
     assert splits == {1: 32, 4: 32, 32: 4, 64: 2, 132: 2, 256: 1}  # T=64, 256: the swept optima
     keys = {t: indexer.default_config(t).keys_per_program for t in (1, 4, 8, 32, 64)}
     assert keys == {1: 256, 4: 512, 8: 1024, 32: 4096, 64: 4096}  # 32 x 128K, 64 x 64K: as swept
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,splits,topk", [(64, 1, 512), (64, 2, 1000), (64, 5, 2048), (128, 1, 700),
+                                               (128, 32, 2048), (64, 64, 2048)])
+def test_sparse_mla_warp_specialized(heads, splits, topk):
+    """The SM90 Gluon kernel against float64, and against the Triton kernel on the same inputs:
+    partial last blocks (topk 1000, 700), two head blocks, splits down to one block each."""
+    if not warp_specialized_available("cuda"):
+        pytest.skip("needs an SM90 GPU and Triton with Gluon")
+    torch.manual_seed(heads + splits + topk)
+    T, P = 7, 3000
+    q = torch.randn(T, heads, 576, device="cuda").bfloat16()
+    kv = torch.randn(P, 576, device="cuda").bfloat16()
+    idx = torch.randint(0, P, (T, topk), device="cuda", dtype=torch.int32)
+    lengths = torch.randint(1, topk + 1, (T,), device="cuda")
+    idx[torch.arange(topk, device="cuda")[None, :] >= lengths[:, None]] = -1
+    idx[1] = -1
+    idx[0, ::5] = -1
+    idx[2, 64:128] = -1  # a whole block masked in the middle
+    out = torch.full((T, heads, 512), float("nan"), device="cuda").bfloat16()
+    lse = torch.full((T, heads), float("nan"), device="cuda")
+    cfg = SparseMLAConfig(64, 64, splits, 8, 2, warp_specialized=True)
+    sparse_mla_fwd(q, kv, idx, 576**-0.5, out=out, lse=lse, config=cfg)
+    ref_out, ref_lse = sparse_mla_fwd_ref(q, kv, idx, 576**-0.5)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert _rel(out, ref_out) < 8e-3
+    assert bool(lse[1].isinf().all()) and out[1].abs().max() == 0
+    ok = ref_lse.isfinite()
+    assert (lse[ok].double() - ref_lse[ok]).abs().max() < 1e-3
+    tri_out, _ = sparse_mla_fwd(q, kv, idx, 576**-0.5, config=SparseMLAConfig(64, 64, splits, 8, 4))
+    assert _rel(out, tri_out) < 8e-3
+
+
+def test_warp_specialized_config_rules():
+    """default_config picks the SM90 kernel only for BF16 KV with a multiple of 64 heads, and an
+    explicit warp-specialized config for anything else is refused by name (checked before any launch)."""
+    assert default_config(64, 64, 2048, False, 132, warp_specialized=True).warp_specialized
+    assert not default_config(64, 64, 2048, True, 132, warp_specialized=True).warp_specialized
+    assert not default_config(64, 16, 2048, False, 132, warp_specialized=True).warp_specialized
+    assert not default_config(64, 64, 2048, False, 132).warp_specialized
+    q = torch.zeros(2, 64, 576).bfloat16()
+    kv_fp8 = quantize_kv_fp8(torch.zeros(10, 576).bfloat16())
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match="warp_specialized sparse MLA takes BF16 KV"):
+        sparse_mla_fwd(q, kv_fp8, idx, 0.1, config=SparseMLAConfig(64, 64, 1, 8, 2, warp_specialized=True))
 
 
 @pytest.mark.parametrize("device", DEVICES)
