@@ -14,7 +14,9 @@ previous kernels' (--prev DIR: an older copy of the package folder, see sweep.py
 profiled launches are this version's, then the previous one's. ncu_indexer_logits.txt: this
 kernel at 1024 keys per program against 6b54424's. mla-fp8: sparse MLA decode, FP8 KV, batch 256,
 16 heads, default launch shape; ncu_sparse_mla_fp8_fp16dequant.txt profiled it with
-experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization).
+experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization). mla-64h: sparse
+MLA decode, BF16 KV, batch 256, 64 heads, default launch shape (the SM90 warp-specialized kernel on
+Hopper: -k regex:sparse_mla_fwd_sm90_kernel).
 """
 
 import argparse
@@ -28,7 +30,7 @@ from bench_kernels import decode_indexer_inputs, load_previous, mla_inputs
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("problem", choices=["indexer-logits", "mla-fp8"])
+    ap.add_argument("problem", choices=["indexer-logits", "mla-fp8", "mla-64h"])
     ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
     args = ap.parse_args()
     if args.problem == "indexer-logits":
@@ -44,6 +46,13 @@ def main():
         for _ in range(2):
             for fn in runs:
                 fn(q, w, k_cache, pt, qr, kl, lg)
+    elif args.problem == "mla-64h":
+        from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
+
+        kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
+        q, idx = mla_inputs(kv, 256, 64, 2048, 7)
+        for _ in range(2):
+            sparse_mla_fwd(q, kv, idx, 576**-0.5)
     else:
         from glm_dsa_kernels.sparse_mla import quantize_kv_fp8, sparse_mla_fwd
 

@@ -44,15 +44,16 @@ def timed(problem, name, fn, floor, rep=20):
     return t
 
 
-def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
+def mla_sweep(kv_bf16, kv_fp8, ceil, prev, only_problems=None):
     from glm_dsa_kernels.sparse_mla import SparseMLAConfig as C
     from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
 
     scale = 576**-0.5
-    cands = {  # (format, tokens, head class) -> [(block_h, block_n, num_warps, num_stages, prefetch)]
+    cands = {  # (format, tokens, head class) -> [(block_h, block_n, num_warps, num_stages, prefetch[, warp_specialized])]
         ("bf16", 64, "small"): [(16, 64, 4, 3, False), (16, 64, 4, 4, False), (16, 32, 4, 4, False)],
         ("bf16", 256, "small"): [(16, 64, 4, 4, False), (16, 64, 4, 5, False), (16, 32, 4, 4, False)],
-        ("bf16", 64, "all"): [(64, 64, 8, 4, False), (64, 64, 8, 3, False), (64, 32, 8, 5, False)],
+        ("bf16", 64, "all"): [(64, 64, 8, 4, False), (64, 64, 8, 2, False, True), (64, 32, 8, 4, False, True),
+                              (64, 32, 8, 3, False, True)],
         ("fp8", 64, "small"): [(16, 64, 8, 1, True), (16, 32, 8, 1, True), (16, 64, 4, 4, False), (16, 64, 4, 3, False),
                                (16, 64, 4, 1, True), (16, 64, 8, 3, False)],
         ("fp8", 64, "all"): [(64, 64, 8, 2, False), (64, 32, 8, 3, False), (64, 64, 8, 3, False)],
@@ -65,6 +66,8 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
         problems = ((64, 16), (256, 16), (64, 64), (256, 64), (4096, 64))
         for T, H in problems:
             problem = f"mla {fmt} T={T} H={H}"
+            if only_problems and f"{fmt}:{T}:{H}" not in only_problems:
+                continue
             q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
             nb, fl = sparse_mla_bytes(T, H, 2048, row_bytes), sparse_mla_flops(T, H, 2048)
             floor = max(nb / ceil[0], fl / ceil[1])
@@ -76,13 +79,14 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev):
             res.append(("new default", timed(problem, "new default", lambda: sparse_mla_fwd(q, kv, idx, scale), floor)))
             sub = torch.arange(0, T, max(1, T // 8), device="cuda")
             ref, _ = sparse_mla_fwd_ref(q[sub], kv, idx[sub], scale)
-            for bh, bn, nw, ns, pf in cands[(fmt, T, "small" if H <= 16 else "all")]:
+            for bh, bn, nw, ns, pf, *ws in cands[(fmt, T, "small" if H <= 16 else "all")]:
+                ws = bool(ws and ws[0])
                 for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
                     programs = T * sp * (H // bh)
                     if (sp > 1 and programs > 4.5 * 132) or (sp == 1 and programs < 132 and T < 256):
                         continue
-                    cfg = C(bh, bn, sp, nw, ns, pf)
-                    name = f"bh{bh} bn{bn} w{nw} s{ns}{' pf' if pf else ''} sp{sp}"
+                    cfg = C(bh, bn, sp, nw, ns, pf, ws)
+                    name = f"bh{bh} bn{bn} w{nw} s{ns}{' pf' if pf else ''}{' ws' if ws else ''} sp{sp}"
                     out = sparse_mla_fwd(q, kv, idx, scale, config=cfg)[0]
                     e = rel_err(out[sub], ref)
                     if not e < 2e-2:
@@ -181,6 +185,7 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
     ap.add_argument("--only", default="mla,indexer")
+    ap.add_argument("--mla-problems", default="", help="comma list of fmt:T:H, e.g. bf16:256:64 (default: all)")
     args = ap.parse_args()
     prev = None
     if args.prev:
@@ -192,7 +197,7 @@ def main():
 
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
     kv_fp8 = quantize_kv_fp8(kv_bf16)
-    for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev)), ("indexer", lambda: indexer_sweep((bw, peak), prev))):
+    for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev, set(filter(None, args.mla_problems.split(","))))), ("indexer", lambda: indexer_sweep((bw, peak), prev))):
         if name not in args.only:
             continue
         try:

@@ -294,15 +294,18 @@ def sparse_mla_fwd(
         num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         config = default_config(T, H, topk, kv_fp8, num_sms, warp_specialized_available(q.device))
     if config.warp_specialized:
-        if kv_fp8 or H % 64 or (config.block_h, config.block_n) != (64, 64):
+        smem = 2 * (64 * D_QK + config.num_stages * config.block_n * D_QK + 64 * config.block_n)
+        if kv_fp8 or H % 64 or config.block_h != 64 or config.block_n not in (32, 64) or smem > 227 * 1024:
             raise ValueError(
-                f"warp_specialized sparse MLA takes BF16 KV, a multiple of 64 heads and 64 x 64 blocks; got "
-                f"kv {kv.dtype}, {H} heads, block_h {config.block_h}, block_n {config.block_n}: use "
-                "default_config(...) for this problem"
+                f"warp_specialized sparse MLA takes BF16 KV, a multiple of 64 heads, block_h 64, block_n 32 or 64 "
+                f"and stages that fit 227 KB of shared memory; got kv {kv.dtype}, {H} heads, block_h "
+                f"{config.block_h}, block_n {config.block_n}, {config.num_stages} stages ({smem // 1024} KB): "
+                "use default_config(...) for this problem"
             )
         from .sparse_mla_sm90 import sparse_mla_fwd_sm90
 
-        sparse_mla_fwd_sm90(q, kv, indices, sm_scale * _LOG2E, out, lse, config.splits, _merge_splits)
+        sparse_mla_fwd_sm90(q, kv, indices, sm_scale * _LOG2E, out, lse, config.splits, _merge_splits,
+                            config.block_n, config.num_stages)
         return out, lse
     split_len = triton.cdiv(triton.cdiv(topk, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(topk, split_len)

@@ -23,15 +23,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
 D_QK = 576
 D_V = 512
 BLOCK_H = 64  # one warpgroup MMA's M
-BLOCK_N = 64  # KV rows per stage
-STAGES = 2  # Q (72 KB) + 2 stages (144 KB) + P (8 KB) fill the 227 KB of shared memory
+BLOCK_N = 64  # KV rows per stage (32 also compiles: 4 stages fit)
+STAGES = 2  # Q (72 KB) + 2 stages of 64 rows (144 KB) + P (8 KB) fill the 227 KB of shared memory
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
 _LOG2E = 1.4426950408889634
@@ -43,12 +42,16 @@ def _producer(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_b
     # 16-byte copies: 8 bf16 per thread along a row, a [16, 64] tile per pass of 4 warps
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    rows_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1)
     for j in range(n_blocks):
         stage = j % STAGES
+        # block j + 1's indices are read while block j waits for its stage
+        rows = rows_next
+        pos = k_lo + (j + 1) * BLOCK_N + keys
+        rows_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
         # the consumer frees a stage once its block's PV has finished (the first pass is free)
         mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
-        pos = k_lo + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-        rows = gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
         valid = rows >= 0
         base = kv_ptr + gl.where(valid, rows, 0).to(gl.int64)[:, None] * D_QK + cols[None, :]
         dst = kv_smem.index(stage)
@@ -64,7 +67,8 @@ def _consumer(q_row, stride_qh, idx_row, out_base, lse_ptr, stride_oh, head0, nu
               qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
               SPLIT_OUT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               D_QK: gl.constexpr, D_V: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 32, 16])
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                       instr_shape=[16, BLOCK_N // 2, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, 256, 16])
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     key_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -82,40 +86,46 @@ def _consumer(q_row, stride_qh, idx_row, out_base, lse_ptr, stride_oh, head0, nu
     fence_async_shared()
     gl.thread_barrier()
 
-    # loop-carried as an in-flight wgmma accumulator: each block's PV overlaps the next block's wait
-    acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_layout))
+    acc = gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_layout)
     s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     # finite start so fully masked blocks give alpha = 1, p = 0 instead of NaN
     m_i = gl.full([BLOCK_H], -1.0e30, gl.float32, layout=row_layout)
-    l_i = gl.zeros([BLOCK_H], gl.float32, layout=row_layout)
+    # row sums kept per element: summing across the two warpgroups once at the end saves a
+    # cross-warpgroup reduction (shared memory and barriers) per block
+    l_acc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
+    keys = gl.arange(0, BLOCK_N, layout=key_layout)
+    valid_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1) >= 0
     for j in range(n_blocks):
         stage = j % STAGES
         kv = kv_smem.index(stage)
+        # the key mask of block j + 1 is read a block early, off the softmax's critical path
+        valid = valid_next
+        pos = k_lo + (j + 1) * BLOCK_N + keys
+        valid_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1) >= 0
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
         fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
         s = warpgroup_mma(q_rope_smem, rope_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_smem, kv.permute((1, 0)), s, is_async=True)
-        # also retires the previous block's PV, so its stage and P's buffer are free again
-        s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-        gl.thread_barrier()
-        if j > 0:
-            mbarrier.arrive(empty.index((j - 1) % STAGES), count=1)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
 
-        pos = k_lo + j * BLOCK_N + gl.arange(0, BLOCK_N, layout=key_layout)
-        valid = gl.load(idx_row + pos, mask=pos < k_hi, other=-1) >= 0
         s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        l_acc = l_acc * alpha[:, None] + p
         m_i = m_new
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout), assert_trivial=True)[:, None]
         p_smem.store(p.to(gl.bfloat16))
         fence_async_shared()
         gl.thread_barrier()  # both warpgroups' halves of P are written before either multiplies by it
-        acc = warpgroup_mma(p_smem, kv, acc, is_async=True)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        # PV waits here so the stage is freed the moment it retires: the gather of block j + 2 then
+        # runs while the consumer waits for block j + 1 (H200: 194 vs 230 us at batch 256 against
+        # freeing it after the next block's QK, benchmarks/kernels/logs/sweep_ws_run2.log)
+        acc = warpgroup_mma(p_smem, kv, acc)
+        gl.thread_barrier()
+        mbarrier.arrive(empty.index(stage), count=1)
 
+    l_i = gl.sum(l_acc, axis=1)
     has_key = l_i > 0.0
     inv_l = 1.0 / gl.where(has_key, l_i, 1.0)
     lse_log2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
@@ -167,7 +177,8 @@ def sparse_mla_fwd_sm90_kernel(
     q_rope_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, D_QK - D_V], smem_layout)
     kv_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_V], smem_layout)
     rope_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, D_QK - D_V], smem_layout)
-    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], smem_layout)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], gl.bfloat16)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, BLOCK_N], p_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -187,14 +198,15 @@ def sparse_mla_fwd_sm90_kernel(
     )
 
 
-def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, splits: int, merge_splits) -> None:
+def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, splits: int, merge_splits,
+                        block_n: int = BLOCK_N, stages: int = STAGES) -> None:
     """Launch on checked inputs (`sparse_mla.sparse_mla_fwd` is the public entry): q [T, H, 576] bf16
     with H a multiple of 64, kv BF16 rows [P, 576], indices [T, topk] int32; writes out and lse."""
     import torch
 
     T, H, _ = q.shape
     topk = indices.shape[1]
-    split_len = triton.cdiv(triton.cdiv(topk, splits), BLOCK_N) * BLOCK_N
+    split_len = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
     splits = triton.cdiv(topk, split_len)
     if splits > 1:
         part_out = torch.empty(T, splits, H, D_V, dtype=torch.float32, device=q.device)
@@ -206,7 +218,7 @@ def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, splits: 
         qk_scale_log2,
         H, topk, split_len, splits,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-        SPLIT_OUT=splits > 1, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, STAGES=STAGES, D_QK=D_QK, D_V=D_V,
+        SPLIT_OUT=splits > 1, BLOCK_H=BLOCK_H, BLOCK_N=block_n, STAGES=stages, D_QK=D_QK, D_V=D_V,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=8,
     )
     if splits > 1:

@@ -13,4 +13,7 @@ def models(tmp_path_factory):
         "glm52": make_model(root, "glm52", seed=3),
         "glm52_fp8": make_model(root, "glm52_fp8", seed=3, fp8=True),
         "all_full": make_model(root, "all_full", seed=4, overrides={"indexer_types": ["full"] * 4}),
+        # GLM-5.2's 64 attention heads on one rank (TP 1 or DP attention)
+        "glm52_64h": make_model(root, "glm52_64h", seed=5,
+                                overrides={"num_attention_heads": 64, "num_key_value_heads": 64}),
     }

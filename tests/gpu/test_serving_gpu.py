@@ -54,6 +54,19 @@ def test_served_tokens_agree_with_reference(models, name, args):
     result.assert_agrees()
 
 
+def test_64_heads_served_by_the_warp_specialized_kernel(models):
+    """64 heads per rank with BF16 KV: on Hopper the Triton backend runs sparse MLA in the SM90
+    Gluon kernel (sparse_mla_sm90.py); its tokens are judged by the same rule, CUDA graphs on."""
+    from glm_dsa_kernels.sparse_mla import default_config, warp_specialized_available
+
+    if not warp_specialized_available("cuda"):
+        pytest.skip("the warp-specialized kernel needs an SM90 GPU and Triton with Gluon")
+    assert default_config(16, 64, 128, False, 132, warp_specialized=True).warp_specialized
+    with gpu_server(models["glm52_64h"], "triton_64_heads") as url:
+        _, result, _ = serve_and_judge(url, models["glm52_64h"], "triton_64_heads")
+    result.assert_agrees()
+
+
 def test_triton_backend_refuses_other_geometries_at_launch(models):
     """A model outside the Triton kernels' geometry (the bundled model's: latent 48, rope 32, indexer
     8 x 48) once stopped the H200 scheduler at its first forward on a bare kernel assert; the default

@@ -92,9 +92,10 @@ def test_default_configs_fill_the_h200_at_small_batch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("block_n,stages", [(64, 2), (32, 4)])
 @pytest.mark.parametrize("heads,splits,topk", [(64, 1, 512), (64, 2, 1000), (64, 5, 2048), (128, 1, 700),
                                                (128, 32, 2048), (64, 64, 2048)])
-def test_sparse_mla_warp_specialized(heads, splits, topk):
+def test_sparse_mla_warp_specialized(heads, splits, topk, block_n, stages):
     """The SM90 Gluon kernel against float64, and against the Triton kernel on the same inputs:
     partial last blocks (topk 1000, 700), two head blocks, splits down to one block each."""
     if not warp_specialized_available("cuda"):
@@ -111,7 +112,7 @@ def test_sparse_mla_warp_specialized(heads, splits, topk):
     idx[2, 64:128] = -1  # a whole block masked in the middle
     out = torch.full((T, heads, 512), float("nan"), device="cuda").bfloat16()
     lse = torch.full((T, heads), float("nan"), device="cuda")
-    cfg = SparseMLAConfig(64, 64, splits, 8, 2, warp_specialized=True)
+    cfg = SparseMLAConfig(64, block_n, splits, 8, stages, warp_specialized=True)
     sparse_mla_fwd(q, kv, idx, 576**-0.5, out=out, lse=lse, config=cfg)
     ref_out, ref_lse = sparse_mla_fwd_ref(q, kv, idx, 576**-0.5)
     assert not out.isnan().any() and not lse.isnan().any()

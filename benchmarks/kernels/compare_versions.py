@@ -1,0 +1,73 @@
+"""Time sparse MLA from several copies of the glm_dsa_kernels package in one GPU run (kernel
+variants that are not launch shapes: a different schedule, barrier or prefetch), each checked
+against float64 first. Copies are made with
+  git archive REV kernels/glm_dsa_kernels | tar x -C DIR --strip-components=2
+or by editing a copy; the run's log names what each copy changes.
+
+  python3 benchmarks/kernels/compare_versions.py --pkg a=DIR_A --pkg b=DIR_B \
+      [--problems bf16:64:64,bf16:256:64,bf16:4096:64] [--out results.json]
+
+Prints, per problem, each copy's median (bench_kernels.bench: CUDA graph, L2 evicted) and its
+ratio to the first copy.
+"""
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+# Run as a script, this folder is on sys.path already.
+from bench_kernels import bench, measure_ceilings, mla_inputs, rel_err
+
+
+def load_copy(name: str, folder: Path):
+    spec = importlib.util.spec_from_file_location(
+        f"glm_dsa_kernels_{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = package
+    spec.loader.exec_module(package)
+    return importlib.import_module(f"glm_dsa_kernels_{name}.sparse_mla")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pkg", action="append", required=True, help="NAME=DIR of a package copy (repeat)")
+    ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64", help="fmt:T:H, comma list")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    copies = [(n, load_copy(n, Path(d))) for n, d in (p.split("=", 1) for p in args.pkg)]
+    bw, peak = measure_ceilings()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s", flush=True)
+    kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
+    kv_fp8 = copies[0][1].quantize_kv_fp8(kv_bf16)
+    results = []
+    for problem in args.problems.split(","):
+        fmt, T, H = problem.split(":")
+        T, H = int(T), int(H)
+        kv = kv_fp8 if fmt == "fp8" else kv_bf16
+        q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
+        sub = torch.arange(0, T, max(1, T // 8), device="cuda")
+        ref, _ = copies[0][1].sparse_mla_fwd_ref(q[sub], kv, idx[sub], 576**-0.5)
+        fl = copies[0][1].sparse_mla_flops(T, H, 2048)
+        line = []
+        for name, mod in copies:
+            e = rel_err(mod.sparse_mla_fwd(q, kv, idx, 576**-0.5)[0][sub], ref)
+            if not e < 2e-2:
+                line.append(f"{name} WRONG (rel err {e:.1e})")
+                continue
+            t = bench(lambda: mod.sparse_mla_fwd(q, kv, idx, 576**-0.5), rep=50)
+            results.append(dict(problem=problem, copy=name, us=t * 1e6, tflops=fl / t / 1e12, rel_err=e))
+            base = next(r["us"] for r in results if r["problem"] == problem)
+            line.append(f"{name} {t * 1e6:.1f}us {fl / t / 1e12:.0f} TFLOP/s ({base / (t * 1e6):.2f}x)")
+        print(f"{problem}: " + "; ".join(line), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(dict(copy_tbps=bw / 1e12, matmul_tflops=peak / 1e12, results=results), indent=1))
+
+
+if __name__ == "__main__":
+    main()
