@@ -249,8 +249,8 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
     scale = 576**-0.5
     kv3_bf16 = kv_bf16.view(-1, 1, 576)
     tab = Table("sparse MLA decode, BF16 KV (1M-token pool, top-k 2048 random rows)", "MLA bf16", ceil)
-    for T in (64, 256):
-        for H in (8, 16, 64):
+    for T in (1, 8, 32, 64, 256):
+        for H in ((64,) if T < 64 else (8, 16, 64)):  # small batches: GLM-5.2's 64 heads on one rank
             q, idx = mla_inputs(kv_bf16, T, H, 2048, 11)
             nb, fl = sparse_mla_bytes(T, H, 2048, 1152), sparse_mla_flops(T, H, 2048)
             shape = f"batch {T}, heads {H}"

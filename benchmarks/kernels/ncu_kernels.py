@@ -15,8 +15,9 @@ profiled launches are this version's, then the previous one's. ncu_indexer_logit
 kernel at 1024 keys per program against 6b54424's. mla-fp8: sparse MLA decode, FP8 KV, batch 256,
 16 heads, default launch shape; ncu_sparse_mla_fp8_fp16dequant.txt profiled it with
 experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization). mla-64h: sparse
-MLA decode, BF16 KV, batch 256, 64 heads, default launch shape (the SM90 warp-specialized kernel on
-Hopper: -k regex:sparse_mla_fwd_sm90_kernel).
+MLA decode, BF16 KV, batch --tokens (256), 64 heads, default launch shape (the SM90 warp-specialized
+kernel on Hopper: -k regex:sparse_mla_fwd_sm90_kernel; at batch 1 add the split merge,
+-k regex:"sparse_mla_fwd_sm90_kernel|_merge_splits_kernel").
 """
 
 import argparse
@@ -32,6 +33,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("problem", choices=["indexer-logits", "mla-fp8", "mla-64h"])
     ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
+    ap.add_argument("--tokens", type=int, default=256, help="mla-64h: decode batch")
     args = ap.parse_args()
     if args.problem == "indexer-logits":
         from glm_dsa_kernels.indexer import indexer_logits
@@ -50,7 +52,7 @@ def main():
         from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
 
         kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
-        q, idx = mla_inputs(kv, 256, 64, 2048, 7)
+        q, idx = mla_inputs(kv, args.tokens, 64, 2048, 7)
         for _ in range(2):
             sparse_mla_fwd(q, kv, idx, 576**-0.5)
     else:

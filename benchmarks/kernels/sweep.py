@@ -60,10 +60,11 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev, only_problems=None):
     }
     cands[("fp8", 256, "small")] = cands[("fp8", 64, "small")]
     for fmt in ("bf16", "fp8"):
-        cands[(fmt, 256, "all")] = cands[(fmt, 4096, "all")] = cands[(fmt, 64, "all")]
+        for T in (1, 8, 32, 256, 4096):
+            cands[(fmt, T, "all")] = cands[(fmt, 64, "all")]
     kv3 = kv_bf16.view(-1, 1, 576)
     for fmt, kv, row_bytes in (("bf16", kv_bf16, 1152), ("fp8", kv_fp8, 656)):
-        problems = ((64, 16), (256, 16), (64, 64), (256, 64), (4096, 64))
+        problems = ((64, 16), (256, 16), (1, 64), (8, 64), (32, 64), (64, 64), (256, 64), (4096, 64))
         for T, H in problems:
             problem = f"mla {fmt} T={T} H={H}"
             if only_problems and f"{fmt}:{T}:{H}" not in only_problems:
@@ -81,7 +82,7 @@ def mla_sweep(kv_bf16, kv_fp8, ceil, prev, only_problems=None):
             ref, _ = sparse_mla_fwd_ref(q[sub], kv, idx[sub], scale)
             for bh, bn, nw, ns, pf, *ws in cands[(fmt, T, "small" if H <= 16 else "all")]:
                 ws = bool(ws and ws[0])
-                for sp in ((1,) if T > 1000 else (1, 2, 4, 8)):
+                for sp in ((1,) if T > 1000 else (1, 2, 4, 8, 16, 32)):
                     programs = T * sp * (H // bh)
                     if (sp > 1 and programs > 4.5 * 132) or (sp == 1 and programs < 132 and T < 256):
                         continue
