@@ -10,9 +10,10 @@ One CTA owns the 64 heads of one query token and one split of its index list:
   - the consumer (default partition, 8 warps = two warpgroups) keeps Q [64, 576] in shared memory,
     computes S = Q K^T (warpgroup w scores keys [32 w, 32 w + 32)), the online softmax, writes P to
     shared memory and accumulates O += P V (warpgroup w owns latent columns [256 w, 256 w + 256)),
-    then frees the stage with `empty[stage]`.
-The producer fetches block j + 1 while the consumer computes block j. Splits > 1 write fp32
-partials that `sparse_mla._merge_splits_kernel` merges.
+    then frees the stage with `empty[stage]` the moment that PV retires.
+Two stages are what shared memory holds next to Q, so the gather of block j + 2 starts while the
+consumer still waits for block j + 1. Splits > 1 write fp32 partials that
+`sparse_mla._merge_splits_kernel` merges. H200 results: benchmarks/kernels/results.md.
 """
 
 import triton
@@ -29,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 D_QK = 576
 D_V = 512
 BLOCK_H = 64  # one warpgroup MMA's M
-BLOCK_N = 64  # KV rows per stage (32 also compiles: 4 stages fit)
+BLOCK_N = 64  # KV rows per stage (32 with 3-4 stages fits too, and was slower on the H200)
 STAGES = 2  # Q (72 KB) + 2 stages of 64 rows (144 KB) + P (8 KB) fill the 227 KB of shared memory
 PRODUCER_WARPS = 4
 PRODUCER_REGS = 56
