@@ -306,11 +306,6 @@ def sparse_mla_fwd(
                 f"{config.block_h}, block_n {config.block_n}, {config.num_stages} stages ({smem // 1024} KB): "
                 "use default_config(...) for this problem"
             )
-        from .sparse_mla_sm90 import sparse_mla_fwd_sm90
-
-        sparse_mla_fwd_sm90(q, kv, indices, sm_scale * _LOG2E, out, lse, config.splits, _merge_splits,
-                            config.block_n, config.num_stages)
-        return out, lse
     split_len = triton.cdiv(triton.cdiv(topk, config.splits), config.block_n) * config.block_n
     splits = triton.cdiv(topk, split_len)
     if splits > 1:
@@ -318,27 +313,28 @@ def sparse_mla_fwd(
         part_lse = torch.empty(T, splits, H, dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = out  # unused placeholders
-    grid = (triton.cdiv(H, config.block_h), splits, T)
-    _sparse_mla_fwd_kernel[grid](
-        q, kv, indices, out, lse, part_out, part_lse,
-        sm_scale * _LOG2E,
-        H, topk, split_len, splits,
-        q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-        KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
-        SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
-        PREFETCH=config.prefetch, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
-    )
+    if config.warp_specialized:
+        from .sparse_mla_sm90 import sparse_mla_fwd_sm90
+
+        sparse_mla_fwd_sm90(q, kv, indices, sm_scale * _LOG2E, out, lse, part_out, part_lse, split_len, splits,
+                            config.block_n, config.num_stages)
+    else:
+        grid = (triton.cdiv(H, config.block_h), splits, T)
+        _sparse_mla_fwd_kernel[grid](
+            q, kv, indices, out, lse, part_out, part_lse,
+            sm_scale * _LOG2E,
+            H, topk, split_len, splits,
+            q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+            KV_FP8=kv_fp8, ROW_ELEMS=kv.shape[1],
+            SPLIT_OUT=splits > 1, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_STAGES=config.num_stages,
+            PREFETCH=config.prefetch, DOT_DTYPE=_DOT_DTYPE, num_warps=config.num_warps,
+        )
     if splits > 1:
-        _merge_splits(part_out, part_lse, out, lse, splits)
+        _merge_splits_kernel[(H, T)](
+            part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
+            SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
+        )
     return out, lse
-
-
-def _merge_splits(part_out, part_lse, out, lse, splits: int) -> None:
-    T, H, _ = out.shape
-    _merge_splits_kernel[(H, T)](
-        part_out, part_lse, out, lse, H, out.stride(0), out.stride(1), lse.stride(0),
-        SPLITS=splits, SPLITS_P2=triton.next_power_of_2(splits), num_warps=4,
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -199,28 +199,17 @@ def sparse_mla_fwd_sm90_kernel(
     )
 
 
-def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, splits: int, merge_splits,
-                        block_n: int = BLOCK_N, stages: int = STAGES) -> None:
-    """Launch on checked inputs (`sparse_mla.sparse_mla_fwd` is the public entry): q [T, H, 576] bf16
-    with H a multiple of 64, kv BF16 rows [P, 576], indices [T, topk] int32; writes out and lse."""
-    import torch
-
+def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, part_out, part_lse, split_len: int,
+                        splits: int, block_n: int = BLOCK_N, stages: int = STAGES) -> None:
+    """Launch on checked inputs (`sparse_mla.sparse_mla_fwd` is the public entry, and owns the split
+    partials and their merge): q [T, H, 576] bf16 with H a multiple of 64, kv BF16 rows [P, 576],
+    indices [T, topk] int32."""
     T, H, _ = q.shape
-    topk = indices.shape[1]
-    split_len = triton.cdiv(triton.cdiv(topk, splits), block_n) * block_n
-    splits = triton.cdiv(topk, split_len)
-    if splits > 1:
-        part_out = torch.empty(T, splits, H, D_V, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(T, splits, H, dtype=torch.float32, device=q.device)
-    else:
-        part_out = part_lse = out  # unused placeholders
     sparse_mla_fwd_sm90_kernel[(H // BLOCK_H, splits, T)](
         q, kv, indices, out, lse, part_out, part_lse,
         qk_scale_log2,
-        H, topk, split_len, splits,
+        H, indices.shape[1], split_len, splits,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         SPLIT_OUT=splits > 1, BLOCK_H=BLOCK_H, BLOCK_N=block_n, STAGES=stages, D_QK=D_QK, D_V=D_V,
         PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=8,
     )
-    if splits > 1:
-        merge_splits(part_out, part_lse, out, lse, splits)
