@@ -137,18 +137,18 @@ def check(name, ok, detail):
     log(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail}")
 
 
-def load_previous(folder: Path, *modules: str) -> list:
-    """Modules of an older glm_dsa_kernels copy in `folder`, as package glm_dsa_kernels_prev."""
+def load_previous(folder: Path, *modules: str, name: str = "prev") -> list:
+    """Modules of another glm_dsa_kernels copy in `folder`, as package glm_dsa_kernels_<name>."""
     import importlib
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "glm_dsa_kernels_prev", folder / "__init__.py", submodule_search_locations=[str(folder)]
+        f"glm_dsa_kernels_{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
     )
     package = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = package
     spec.loader.exec_module(package)
-    return [importlib.import_module(f"glm_dsa_kernels_prev.{m}") for m in modules]
+    return [importlib.import_module(f"{spec.name}.{m}") for m in modules]
 
 
 # ------------------------------------------------------------------ inputs

@@ -12,26 +12,13 @@ ratio to the first copy.
 """
 
 import argparse
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 
 # Run as a script, this folder is on sys.path already.
-from bench_kernels import bench, measure_ceilings, mla_inputs, rel_err
-
-
-def load_copy(name: str, folder: Path):
-    spec = importlib.util.spec_from_file_location(
-        f"glm_dsa_kernels_{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    package = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = package
-    spec.loader.exec_module(package)
-    return importlib.import_module(f"glm_dsa_kernels_{name}.sparse_mla")
+from bench_kernels import bench, load_previous, measure_ceilings, mla_inputs, rel_err
 
 
 def main():
@@ -40,7 +27,7 @@ def main():
     ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64", help="fmt:T:H, comma list")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    copies = [(n, load_copy(n, Path(d))) for n, d in (p.split("=", 1) for p in args.pkg)]
+    copies = [(n, *load_previous(Path(d), "sparse_mla", name=n)) for n, d in (p.split("=", 1) for p in args.pkg)]
     bw, peak = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s", flush=True)
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
