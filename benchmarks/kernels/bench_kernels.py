@@ -271,7 +271,8 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
             shape = f"batch {T}, heads {H}"
             tab.time(shape, "sglang triton_sparse_mla_decode", lambda: sglang_decode(q, kv3_fp8, idx, scale),
                      sparse_mla_bytes(T, H, 2048, 576), fl, note="576 B rows")
-            tab.time(shape, "glm_dsa sparse_mla_fwd", lambda: sparse_mla_fwd(q, kv_fp8, idx, scale), nb, fl)
+            for impl, cfg in mla_impls(T, H, 2048, True):
+                tab.time(shape, impl, lambda: sparse_mla_fwd(q, kv_fp8, idx, scale, config=cfg), nb, fl)
     tab.show()
 
     tab = Table("sparse MLA prefill-sized: 4096 queries x top-k 2048, 64 heads", "MLA prefill", ceil)
@@ -341,11 +342,39 @@ def indexer_tables(ceil):
     tab.show()
 
 
+def prefill_indexer_tables(ceil):
+    """The indexer in prefill: a chunk of 2048 queries at the end of one request's context, causal
+    key limits, FP8 keys. Per-query programs (the decode kernel) against query blocks."""
+    from glm_dsa_kernels.indexer import IndexerConfig, default_config, indexer_bytes, indexer_flops, indexer_logits, indexer_topk
+
+    C = 2048
+    tab = Table(f"lightning indexer, prefill: {C} queries at the end of the context, causal, FP8 keys",
+                "prefill indexer", ceil)
+    for ctx in (32768, 131072):
+        k_cache, pt = make_index_cache(1, ctx)
+        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(C, 32, device="cuda") / 32
+        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
+        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+        keys = int(kl.sum())
+        lg = torch.empty(C, ctx, device="cuda")
+        blocked = default_config(C, queries_per_request=C)
+        nb_logits = ctx * 132 + keys * 4  # keys once, the logits written
+        shape = f"{C} queries x {ctx // 1024}K keys"
+        for impl, cfg in (("glm_dsa indexer_logits, a query per program", IndexerConfig()),
+                          (f"glm_dsa indexer_logits, {blocked.block_q} queries per program", blocked)):
+            tab.time(shape, impl, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, cfg), nb_logits, indexer_flops(keys))
+        tab.time(shape, "glm_dsa indexer_topk (logits + top-k)", lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=blocked),
+                 indexer_bytes(ctx, C, 2048), indexer_flops(keys))
+        del k_cache, pt, lg
+    tab.show()
+
+
 def indexcache_tables(kv_fp8, ceil):
     """Kernel-level prefill of a 4-layer stack: a chunk of C queries at the end of a context.
     Per layer: sparse MLA (64 heads, FP8 KV) over top-k rows; 'full' layers also run the indexer
     (FP8 keys, causal limits) and map positions to pool rows. All-full vs one layer in four full."""
-    from glm_dsa_kernels.indexer import indexer_topk
+    from glm_dsa_kernels.indexer import default_config, indexer_topk
     from glm_dsa_kernels.pool_rows import positions_to_pool_rows
     from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
 
@@ -362,9 +391,11 @@ def indexcache_tables(kv_fp8, ceil):
         kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)  # causal
         q = torch.randn(C, 64, 576, device="cuda", dtype=torch.bfloat16)
 
+        config = default_config(C, queries_per_request=C)
+
         def layer(full, rows):
             if full:
-                pos = indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048)
+                pos = indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048, config=config)
                 rows = positions_to_pool_rows(pos, req_to_token, qr)
             sparse_mla_fwd(q, kv_fp8, rows, scale)
             return rows
@@ -376,7 +407,7 @@ def indexcache_tables(kv_fp8, ceil):
 
         t_all = bench(lambda: stack([True] * L), rep=200)
         t_cache = bench(lambda: stack([True] + [False] * (L - 1)), rep=200)
-        t_idx = bench(lambda: indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048), rep=100)
+        t_idx = bench(lambda: indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048, config=config), rep=100)
         row = dict(table=title, shape=f"context {ctx // 1024}K", impl="stack timings", us=t_all * 1e6,
                    all_full_ms=t_all * 1e3, one_in_four_ms=t_cache * 1e3, speedup=t_all / t_cache,
                    indexer_ms=t_idx * 1e3, indexer_share_all_full=L * t_idx / t_all)
@@ -387,6 +418,63 @@ def indexcache_tables(kv_fp8, ceil):
             f"IndexCache speedup {t_all / t_cache:.2f}x (indexer {t_idx * 1e3:.2f} ms/layer, "
             f"{100 * L * t_idx / t_all:.0f}% of the all-full stack)")
         del k_cache, pt
+
+
+# ------------------------------------------------------------------ issue 17's targets
+def _shipped(tag, shape):
+    """The row of the implementation the launcher picks by default for a shape (the SM90 kernel
+    where there is one), or None when the shape was not timed."""
+    rows = [r for r in ROWS if r.get("tag") == tag and r["shape"] == shape and r["impl"].startswith("glm_dsa")]
+    ws = [r for r in rows if "sm90" in r["impl"]]
+    return (ws or [r for r in rows if "(triton)" not in r["impl"]] or [None])[0]
+
+
+def targets_table():
+    """Issue 17's targets, filled from this run's rows: (target, measured, met)."""
+    lines = []
+
+    def add(target, rows, value, goal, fmt, label=lambda r: r["shape"]):
+        rows = [r for r in rows if r is not None]
+        if not rows:
+            lines.append((target, "not timed in this run", "-"))
+            return
+        vals = [value(r) for r in rows]
+        lines.append((target, "; ".join(f"{label(r)}: {fmt.format(v)}" for r, v in zip(rows, vals)),
+                      "yes" if all(v >= goal for v in vals) else "no"))
+
+    pct, tflops = (lambda r: r["roofline_pct"]), (lambda r: r["tflops"])
+    vs_sglang = lambda r: r.get("speedup_vs_sglang") or 0.0  # noqa: E731
+    add("BF16 decode, 8/16 heads, batch 64: >= 85% of the floor",
+        [_shipped("MLA bf16", f"batch 64, heads {h}") for h in (8, 16)], pct, 85, "{:.0f}%")
+    add("BF16 decode, 64 heads, batch 256: >= 350 TFLOP/s", [_shipped("MLA bf16", "batch 256, heads 64")], tflops, 350,
+        "{:.0f} TFLOP/s")
+    add("BF16 decode, 64 heads: >= 2x SGLang at batch 64 and 256",
+        [_shipped("MLA bf16", f"batch {b}, heads 64") for b in (64, 256)], vs_sglang, 2.0, "{:.3f}x")
+    add("FP8-KV decode, 16 and 64 heads: >= 70% of its roofline",
+        [_shipped("MLA fp8", f"batch {b}, heads {h}") for b in (64, 256) for h in (16, 64)], pct, 70, "{:.0f}%")
+    add("sparse MLA 4096 queries x 64 heads x top-k 2048: >= 450 TFLOP/s", [_shipped("MLA prefill", "bf16 KV")], tflops,
+        450, "{:.0f} TFLOP/s")
+    idx = [r for r in ROWS if r.get("tag") == "indexer"]
+    add("indexer + top-k decode: >= 70%", [r for r in idx if r["impl"].startswith("glm_dsa indexer_topk")], pct, 70,
+        "{:.0f}%")
+    add("indexer logits kernel alone: >= 85%", [r for r in idx if r["impl"].strip() == "logits kernel alone"], pct, 85,
+        "{:.0f}%")
+    add("prefill indexer: >= 400 TFLOP/s",
+        [r for r in ROWS if r.get("tag") == "prefill indexer" and "queries per program" in r["impl"]], tflops, 400,
+        "{:.0f} TFLOP/s")
+    compared = [r for r in ROWS if r.get("speedup_vs_sglang") and r is _shipped(r.get("tag"), r["shape"])]
+    worst = sorted(compared, key=vs_sglang)[:3]
+    add(f"never slower than SGLang's Triton kernel (lowest of {len(compared)} shapes)", worst, vs_sglang, 1.0, "{:.3f}x",
+        label=lambda r: f"{r['tag']} {r['shape']}")
+    cache = [r for r in ROWS if r["impl"] == "stack timings"]
+    if cache:
+        lines.append(("IndexCache kernel-level prefill speedup (1 in 4 full vs all full)",
+                      ", ".join(f"{r['shape']}: {r['speedup']:.2f}x" for r in cache), "reported"))
+    md = ["\n### Issue 17's targets, from this run", "| target | measured | met |", "|---|---|---|"]
+    md += [f"| {t} | {m} | {ok} |" for t, m, ok in lines]
+    MARKDOWN.extend(md)
+    log("\n".join(md))
+    return [dict(target=t, measured=m, met=ok) for t, m, ok in lines]
 
 
 # ------------------------------------------------------------------ outputs
@@ -440,7 +528,7 @@ def plot(json_path, png_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, default=HERE / "logs")
-    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,indexcache,sglang-prefill "
+    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,prefill-indexer,indexcache,sglang-prefill "
                     "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)
     args = ap.parse_args()
@@ -466,7 +554,8 @@ def main():
     kv_fp8 = quantize_kv_fp8(kv_bf16)
     t0 = time.time()
     sections = [("check", lambda: correctness(kv_bf16, kv_fp8)), ("decode", lambda: mla_decode_tables(kv_bf16, kv_fp8, ceil)),
-                ("indexer", lambda: indexer_tables(ceil)), ("indexcache", lambda: indexcache_tables(kv_fp8, ceil))]
+                ("indexer", lambda: indexer_tables(ceil)), ("prefill-indexer", lambda: prefill_indexer_tables(ceil)),
+                ("indexcache", lambda: indexcache_tables(kv_fp8, ceil))]
     for name, run in sections:
         if name in skip:
             continue
@@ -478,6 +567,7 @@ def main():
         torch.cuda.empty_cache()
         log(f"(after {name}: {time.time() - t0:.0f}s)")
         write_outputs(args.out_dir, meta)
+    meta["targets"] = targets_table()
     meta["checks_passed"] = all(c["ok"] for c in CHECKS)
     write_outputs(args.out_dir, meta)
     log(f"all checks passed: {meta['checks_passed']} ({len(CHECKS)} checks); total {time.time() - t0:.0f}s")

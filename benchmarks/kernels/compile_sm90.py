@@ -23,15 +23,18 @@ def main():
     ap.add_argument("--split-out", action="store_true", help="the variant that writes fp32 split partials")
     ap.add_argument("--block-n", type=int, default=64)
     ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--fp8", action="store_true", help="FlashMLA's 656-byte FP8 KV rows (dequantizing producer)")
+    ap.add_argument("--producer-regs", type=int, help="registers of the producer partition (default: the launcher's)")
     args = ap.parse_args()
     spec = importlib.util.spec_from_file_location("sparse_mla_sm90", KERNEL)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     fn = m.sparse_mla_fwd_sm90_kernel
-    types = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "idx_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+    types = {"q_ptr": "*bf16", "kv_ptr": "*u8" if args.fp8 else "*bf16", "idx_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
              "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "qk_scale_log2": "fp32"}
     constants = {"SPLIT_OUT": args.split_out, "BLOCK_H": m.BLOCK_H, "BLOCK_N": args.block_n, "STAGES": args.stages,
-                 "D_QK": m.D_QK, "D_V": m.D_V, "PRODUCER_WARPS": m.PRODUCER_WARPS, "PRODUCER_REGS": m.PRODUCER_REGS}
+                 "D_QK": m.D_QK, "D_V": m.D_V, "KV_FP8": args.fp8, "ROW_BYTES": 656 if args.fp8 else 2 * m.D_QK,
+                 "PRODUCER_WARPS": m.PRODUCER_WARPS, "PRODUCER_REGS": args.producer_regs or (m.PRODUCER_REGS_FP8 if args.fp8 else m.PRODUCER_REGS)}
     signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in fn.arg_names}
     # as the launcher specializes them at run time: 16-byte aligned pointers and strides
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n.endswith("_ptr") or n.startswith("stride")}

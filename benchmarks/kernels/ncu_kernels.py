@@ -1,23 +1,21 @@
-"""Launch one benchmark problem's kernel a few times for Nsight Compute (ncu) to profile.
+"""Launch one benchmark problem's kernels a few times for Nsight Compute (ncu) to profile.
 
   pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
-  ncu --clock-control none -k regex:_indexer_logits_kernel --launch-skip 2 --launch-count 2 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-      --section LaunchStats --section ComputeWorkloadAnalysis \
-      python3 benchmarks/kernels/ncu_kernels.py indexer-logits --prev DIR   # ncu_indexer_logits.txt
-  ncu --clock-control none -k regex:_sparse_mla_fwd_kernel --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats \
-      python3 benchmarks/kernels/ncu_kernels.py mla-fp8                     # ncu_sparse_mla_fp8_*.txt
+  bash benchmarks/kernels/ncu_targets.sh OUT          # every problem below, one report each
+  ncu --clock-control none -k regex:_indexer_logits_kernel --launch-skip 2 --launch-count 2 \\
+      --section SpeedOfLight --section WarpStateStats ... \\
+      python3 benchmarks/kernels/ncu_kernels.py indexer-logits --prev DIR
 
-indexer-logits: the decode indexer's logits kernel at batch 64 x 64K FP8 keys, alternating with the
-previous kernels' (--prev DIR: an older copy of the package folder, see sweep.py), so the two
-profiled launches are this version's, then the previous one's. ncu_indexer_logits.txt: this
-kernel at 1024 keys per program against 6b54424's. mla-fp8: sparse MLA decode, FP8 KV, batch 256,
-16 heads, default launch shape; ncu_sparse_mla_fp8_fp16dequant.txt profiled it with
-experiments/fp8_mla_fp16_dequant.patch applied (the dropped fp16 dequantization). mla-64h: sparse
-MLA decode, BF16 KV, batch --tokens (256), 64 heads, default launch shape (the SM90 warp-specialized
-kernel on Hopper: -k regex:sparse_mla_fwd_sm90_kernel; at batch 1 add the split merge,
--k regex:"sparse_mla_fwd_sm90_kernel|_merge_splits_kernel").
+Problems (the shapes of issue 17's targets, default launch shapes, so each report explains one
+target that the bench scores):
+  mla-bf16   sparse MLA decode, BF16 KV, --tokens (64) x --heads (16)
+  mla-fp8    sparse MLA decode, FP8 KV (656-byte rows), --tokens (256) x --heads (16)
+  mla-64h    sparse MLA, BF16 KV, 64 heads, --tokens (256; 4096 = the prefill-sized call)
+  indexer-logits   decode indexer logits, batch 64 x 64K FP8 keys; with --prev DIR (an older copy of
+                   the package folder, see sweep.py) alternating with that copy's kernel
+  indexer-prefill  prefill indexer logits, 2048 queries at the end of a 32K context, causal
+  topk       top-k 2048 select over batch 64 x 64K logits
+Each problem runs its kernels twice (profile with --launch-skip to the second launch).
 """
 
 import argparse
@@ -26,43 +24,65 @@ from pathlib import Path
 import torch
 
 # Run as a script, this folder is on sys.path already.
-from bench_kernels import decode_indexer_inputs, load_previous, mla_inputs
+from bench_kernels import decode_indexer_inputs, load_previous, make_index_cache, mla_inputs
+
+
+def _mla(tokens, heads, fp8):
+    from glm_dsa_kernels.sparse_mla import quantize_kv_fp8, sparse_mla_fwd
+
+    kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
+    q, idx = mla_inputs(kv, tokens, heads, 2048, 7)
+    if fp8:
+        kv = quantize_kv_fp8(kv)
+    for _ in range(2):
+        sparse_mla_fwd(q, kv, idx, 576**-0.5)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("problem", choices=["indexer-logits", "mla-fp8", "mla-64h"])
-    ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
-    ap.add_argument("--tokens", type=int, default=256, help="mla-64h: decode batch")
+    ap.add_argument("problem", choices=["mla-bf16", "mla-fp8", "mla-64h", "indexer-logits", "indexer-prefill", "topk"])
+    ap.add_argument("--prev", type=Path, help="indexer-logits: folder holding an older copy of glm_dsa_kernels")
+    ap.add_argument("--tokens", type=int, help="sparse MLA: queries")
+    ap.add_argument("--heads", type=int, default=16, help="mla-bf16 / mla-fp8: heads")
     args = ap.parse_args()
-    if args.problem == "indexer-logits":
+    if args.problem == "mla-bf16":
+        _mla(args.tokens or 64, args.heads, False)
+    elif args.problem == "mla-fp8":
+        _mla(args.tokens or 256, args.heads, True)
+    elif args.problem == "mla-64h":
+        _mla(args.tokens or 256, 64, False)
+    elif args.problem == "indexer-logits":
         from glm_dsa_kernels.indexer import indexer_logits
 
         runs = [indexer_logits]
         if args.prev:
             (prev,) = load_previous(args.prev, "indexer")
-
             runs.append(prev.indexer_logits)
         q, w, k_cache, pt, qr, kl = decode_indexer_inputs(64, 65536)
         lg = torch.empty(64, 65536, device="cuda")
         for _ in range(2):
             for fn in runs:
                 fn(q, w, k_cache, pt, qr, kl, lg)
-    elif args.problem == "mla-64h":
-        from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
+    elif args.problem == "indexer-prefill":
+        from glm_dsa_kernels.indexer import default_config, indexer_logits
 
-        kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
-        q, idx = mla_inputs(kv, args.tokens, 64, 2048, 7)
+        C, ctx = 2048, 32768
+        k_cache, pt = make_index_cache(1, ctx)
+        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(C, 32, device="cuda") / 32
+        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
+        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+        lg = torch.empty(C, ctx, device="cuda")
         for _ in range(2):
-            sparse_mla_fwd(q, kv, idx, 576**-0.5)
+            indexer_logits(q, w, k_cache, pt, qr, kl, lg, default_config(C, queries_per_request=C))
     else:
-        from glm_dsa_kernels.sparse_mla import quantize_kv_fp8, sparse_mla_fwd
+        from glm_dsa_kernels.indexer import indexer_logits
+        from glm_dsa_kernels.topk_select import topk_positions
 
-        kv = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
-        kv_fp8 = quantize_kv_fp8(kv)
-        q, idx = mla_inputs(kv, 256, 16, 2048, 7)
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(64, 65536)
+        lg = indexer_logits(q, w, k_cache, pt, qr, kl, torch.empty(64, 65536, device="cuda"))
         for _ in range(2):
-            sparse_mla_fwd(q, kv_fp8, idx, 576**-0.5)
+            topk_positions(lg, kl, 2048)
     torch.cuda.synchronize()
 
 

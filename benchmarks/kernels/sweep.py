@@ -165,6 +165,43 @@ def indexer_sweep(ceil, prev):
         del k_cache, pt, lg, lg0
 
 
+def prefill_indexer_sweep(ceil):
+    """The indexer's logits in prefill: 2048 queries at the end of a 32K / 128K context, causal,
+    FP8 keys; the per-query decode kernel against query-block candidates, each checked first."""
+    from glm_dsa_kernels.indexer import IndexerConfig as IC
+    from glm_dsa_kernels.indexer import default_config, indexer_flops, indexer_logits
+
+    from bench_kernels import make_index_cache
+
+    cands = [IC(block_q=bq, block_n=bn, num_stages=st, num_warps=wa)  # no spills on sm_90a (ptxas -v)
+             for bq, bn, st, wa in ((4, 64, 5, 4), (4, 64, 3, 4), (2, 64, 5, 4), (8, 64, 5, 8), (4, 128, 5, 8))]
+    C = 2048
+    for ctx in (32768, 131072):
+        problem = f"prefill indexer {C} queries x {ctx // 1024}K keys"
+        k_cache, pt = make_index_cache(1, ctx)
+        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(C, 32, device="cuda") / 32
+        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
+        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+        fl = indexer_flops(int(kl.sum()))
+        floor = fl / ceil[1]
+        seen = torch.arange(ctx, device="cuda")[None, :] < kl[:, None]
+        want = indexer_logits(q, w, k_cache, pt, qr, kl, torch.zeros(C, ctx, device="cuda"), IC())[seen]
+        lg = torch.empty(C, ctx, device="cuda")
+        times = []
+        for c in [IC(), default_config(C, queries_per_request=C)] + cands:
+            got = indexer_logits(q, w, k_cache, pt, qr, kl, lg.fill_(float("nan")), config=c)[seen]
+            if not rel_err(got, want) < 1e-5:
+                log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
+                continue
+            name = f"bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps}"
+            t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
+            if t:
+                times.append((t, name))
+        log(f"{problem}: " + "; ".join(f"{n} {t * 1e6:.0f}us {fl / t / 1e12:.0f} TFLOP/s" for t, n in sorted(times)))
+        del k_cache, pt, lg
+
+
 def kernel_times(fn, iters=20):
     """Mean device time per call of each kernel fn launches (torch.profiler)."""
     fn()
@@ -185,7 +222,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
-    ap.add_argument("--only", default="mla,indexer")
+    ap.add_argument("--only", default="mla,indexer", help="comma list of: mla,indexer,prefill-indexer")
     ap.add_argument("--mla-problems", default="", help="comma list of fmt:T:H, e.g. bf16:256:64 (default: all)")
     args = ap.parse_args()
     prev = None
@@ -198,8 +235,9 @@ def main():
 
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
     kv_fp8 = quantize_kv_fp8(kv_bf16)
-    for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev, set(filter(None, args.mla_problems.split(","))))), ("indexer", lambda: indexer_sweep((bw, peak), prev))):
-        if name not in args.only:
+    for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev, set(filter(None, args.mla_problems.split(","))))),
+                     ("indexer", lambda: indexer_sweep((bw, peak), prev)), ("prefill-indexer", lambda: prefill_indexer_sweep((bw, peak)))):
+        if name not in args.only.split(","):
             continue
         try:
             fn()

@@ -14,6 +14,9 @@
 
   score[t, j] = sum_h weights[t, h] * relu(q[t, h] . k_j)
 
+indexer_logits scores one query per program (decode) or, with IndexerConfig.block_q > 1, blocks of
+consecutive queries (prefill: each key block is read and converted once per block).
+
 indexer_topk returns logical positions [T, topk] int32 (topk_select's rule: ties -> lower
 position, ascending position order, -1 padding). Long prefill chunks are cut into query chunks
 so the workspace (fp32 logits + top-k candidate keys and positions) stays under max_logits_bytes.
@@ -42,6 +45,7 @@ _F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 class IndexerConfig:
     """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/sweep_run5.log, 12)."""
 
+    block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
     block_n: int = 128  # keys per dot
     keys_per_program: int = 4096  # keys one program scores (q and weights loaded once)
     num_stages: int = 3
@@ -52,17 +56,69 @@ class IndexerConfig:
     topk_sample: int = 4096  # keys per row in the sample placing the top-k candidate bound
 
 
-def default_config(num_queries: int) -> IndexerConfig:
+def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerConfig:
     """The swept defaults; few queries score fewer keys per program, so that a batch-1 decode's
-    4096 keys are not one program's (54 us a full layer on the H200, 131 SMs idle)."""
-    keys = min(4096, max(256, 1 << (128 * max(num_queries, 1)).bit_length() - 1))
-    return IndexerConfig(keys_per_program=keys)
+    4096 keys are not one program's (54 us a full layer on the H200, 131 SMs idle). Prefill
+    (queries_per_request >= 64) scores blocks of 4 queries per program, so each key block is read
+    and converted once per 4 queries and the dot is a [64 keys, 4 x 32 heads, 128] wgmma."""
+    block_q = 4 if queries_per_request >= 64 else 1
+    keys = min(4096, max(256, 1 << (128 * max(num_queries // block_q, 1)).bit_length() - 1))
+    if block_q == 1:
+        return IndexerConfig(keys_per_program=keys)
+    # H200 sweep (benchmarks/kernels/logs/sweep_session10_prefill_indexer.log): 424-435 TFLOP/s, 2.0x
+    # the per-query kernel; 3 stages edged 5 by 1%; 8 queries or 128 keys a block were slower
+    return IndexerConfig(block_q=block_q, block_n=64, keys_per_program=keys, num_stages=3, num_warps=4)
 
 
 @triton.jit
 def _pow2(e):
     """2^e as fp32 for integer e in [-126, 127] (built from the exponent bits: exact)."""
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_operand_q(q, w, K_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr):
+    """Rows of q (one query head each) as the dot's operand, and their weights w to match."""
+    if K_FP8:
+        # e4m3 -> fp16 is one instruction per pair (-> bf16 is several), so the dot runs in fp16: each
+        # head of q is scaled by a power of two into fp16's range and w takes the inverse (exact)
+        amax = tl.max(tl.abs(q), 1).to(tl.float32)  # in bf16 (exact): no fp32 copy of q stays live
+        log2_amax = ((amax.to(tl.uint32, bitcast=True) >> 23) & 255).to(tl.int32) - 127
+        shift = tl.minimum(tl.maximum(14 - log2_amax, -24), 24)
+        q = (q.to(tl.float32) * _pow2(shift)[:, None]).to(F16_DTYPE)
+        w = w * _pow2(-shift)
+    else:
+        q = q.to(DOT_DTYPE)
+    return q, w
+
+
+@triton.jit
+def _key_block(k_ptr, pages_row, j0, n, BLOCK_N: tl.constexpr, K_FP8: tl.constexpr, PAGE: tl.constexpr,
+               DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr):
+    """Keys j0 + [0, BLOCK_N) (j0 < n, a multiple of BLOCK_N) of the request whose page-table row
+    starts at pages_row -> (keys [BLOCK_N, 128] as a dot operand, per-key fp32 scale). Keys at or
+    past n are 0 or, when read inside a page, whatever the page holds: callers store none of them."""
+    d = tl.arange(0, 128)
+    if BLOCK_N <= PAGE:
+        # the block lies in one page: one page-table read, then BLOCK_N consecutive slots, all read
+        page = tl.load(pages_row + j0 // PAGE).to(tl.int64)
+        slot = j0 % PAGE + tl.arange(0, BLOCK_N)
+        valid = tl.full([BLOCK_N], 1, tl.int1)  # a constant mask: the loads are unmasked
+    else:
+        pos = j0 + tl.arange(0, BLOCK_N)
+        valid = pos < n
+        page = tl.load(pages_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
+        slot = pos % PAGE
+    if K_FP8:
+        row = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page * (PAGE * 132) + slot * 128
+        k = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(F16_DTYPE)  # exact in fp16
+        scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (PAGE * 33) + PAGE * 32 + slot,
+                        mask=valid, other=0.0)
+    else:
+        row = k_ptr + (page * PAGE + slot) * 128
+        k = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(DOT_DTYPE)
+        scale = tl.full([BLOCK_N], 1.0, tl.float32)  # a constant: the compiler drops the multiply
+    return k, scale
 
 
 @triton.jit
@@ -82,38 +138,64 @@ def _indexer_logits_kernel(
         d = tl.arange(0, 128)
         q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :])
         w = tl.load(w_ptr + t.to(tl.int64) * stride_wt + h)
-        if K_FP8:
-            # e4m3 -> fp16 is one instruction per pair (-> bf16 is several), so the dot runs in fp16: each
-            # head of q is scaled by a power of two into fp16's range and w takes the inverse (exact)
-            qf = q.to(tl.float32)
-            amax = tl.max(tl.abs(qf), 1)
-            log2_amax = ((amax.to(tl.uint32, bitcast=True) >> 23) & 255).to(tl.int32) - 127
-            shift = tl.minimum(tl.maximum(14 - log2_amax, -24), 24)
-            q = (qf * _pow2(shift)[:, None]).to(F16_DTYPE)
-            w = w * _pow2(-shift)
-        else:
-            q = q.to(DOT_DTYPE)
+        q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
         b = tl.load(query_req_ptr + t)
         pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
         out_row = logits_ptr + t.to(tl.int64) * stride_lt
         for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
+            k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE)
             pos = j0 + tl.arange(0, BLOCK_N)
             valid = pos < n
-            page = tl.load(pages_row + pos // PAGE, mask=valid, other=0).to(tl.int64)
-            slot = pos % PAGE
-            if K_FP8:
-                codes_ptr = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page[:, None] * (PAGE * 132) + slot[:, None] * 128
-                k = tl.load(codes_ptr + d[None, :], mask=valid[:, None], other=0.0).to(F16_DTYPE)  # exact in fp16
-                scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (PAGE * 33) + PAGE * 32 + slot,
-                                mask=valid, other=0.0)
-            else:
-                k = tl.load(k_ptr + (page * PAGE + slot)[:, None] * 128 + d[None, :], mask=valid[:, None], other=0.0)
-                k = k.to(DOT_DTYPE)
             s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
-            score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
-            if K_FP8:
-                score = score * scale  # relu(q . k * scale) = scale * relu(q . k) for scale > 0
+            # relu(q . k * scale) = scale * relu(q . k) for scale > 0
+            score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0) * scale
             tl.store(out_row + pos, score, mask=valid)
+
+
+@triton.jit
+def _indexer_logits_blocked_kernel(
+    q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
+    T, stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
+    K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr,
+):
+    """One program scores KEYS_PER_PROGRAM keys for BLOCK_Q consecutive queries (prefill), BLOCK_N
+    keys at a time. q and w of the block, [BLOCK_Q * 32, 128] and [BLOCK_Q * 32], are loaded and
+    scaled once; each key block is read and converted once for all BLOCK_Q queries. The dot is
+    S^T = k . q^T, [BLOCK_N, BLOCK_Q * 32]: with the keys on the left, sm_90's wgmma takes them
+    from the registers they were converted in (q stays in shared memory), and each query's sum
+    over its 32 heads stays inside an accumulator row (adds in the thread, then quad shuffles).
+    The block's queries may belong to several requests: one pass per request present (usually
+    one) reads that request's page-table row up to its queries' largest key_limit and stores only
+    its queries' logits; nothing at or past a query's key_limit is written."""
+    lo = tl.program_id(0) * KEYS_PER_PROGRAM
+    t0 = tl.program_id(1) * BLOCK_Q
+    tq = t0 + tl.arange(0, BLOCK_Q)
+    limit = tl.load(key_limit_ptr + tq, mask=tq < T, other=0)
+    if lo < tl.max(limit, 0):
+        r = tl.arange(0, BLOCK_Q * 32)  # row r: head r % 32 of query t0 + r // 32
+        t_row = t0 + r // 32
+        d = tl.arange(0, 128)
+        q = tl.load(q_ptr + t_row.to(tl.int64)[:, None] * stride_qt + (r % 32)[:, None] * stride_qh + d[None, :],
+                    mask=(t_row < T)[:, None], other=0.0)
+        w = tl.load(w_ptr + t_row.to(tl.int64) * stride_wt + r % 32, mask=t_row < T, other=0.0)
+        q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
+        req = tl.load(query_req_ptr + tq, mask=tq < T, other=0)
+        out = logits_ptr + tq.to(tl.int64)[None, :] * stride_lt
+        todo = limit > lo  # queries with keys in this program's range (none past T: limit 0 there)
+        while tl.max(todo.to(tl.int32), 0) > 0:
+            b = tl.min(tl.where(todo, req, 2147483647), 0)  # the next request of the block
+            lim = tl.where(todo & (req == b), limit, 0)  # 0: another request's query, stored in its own pass
+            todo = todo & (req != b)
+            n = tl.max(lim, 0)
+            pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
+            for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
+                k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE)
+                pos = j0 + tl.arange(0, BLOCK_N)
+                s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_Q * 32]
+                p = tl.reshape(tl.maximum(s, 0.0) * w[None, :], [BLOCK_N, BLOCK_Q, 32])
+                score = tl.sum(p, 2) * scale[:, None]  # [BLOCK_N, BLOCK_Q]
+                tl.store(out + pos[:, None], score, mask=pos[:, None] < lim[None, :])
 
 
 def page_size(k_cache: torch.Tensor) -> int:
@@ -151,13 +233,17 @@ def indexer_logits(
     assert logits.dtype == torch.float32 and logits.shape[0] == T and logits.stride(-1) == 1
     if T:
         c = config or default_config(T)
-        grid = (triton.cdiv(logits.shape[1], c.keys_per_program), T)
-        _indexer_logits_kernel[grid](
-            q, weights, k_cache, page_table, query_req, key_limit, logits,
-            q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0),
-            K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program, NUM_STAGES=c.num_stages,
-            DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, num_warps=c.num_warps,
-        )
+        args = (q, weights, k_cache, page_table, query_req, key_limit, logits)
+        strides = (q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0))
+        meta = dict(K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program,
+                    NUM_STAGES=c.num_stages, DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, num_warps=c.num_warps)
+        assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
+        key_ranges = triton.cdiv(logits.shape[1], c.keys_per_program)
+        if c.block_q == 1:
+            _indexer_logits_kernel[(key_ranges, T)](*args, *strides, **meta)
+        else:
+            grid = (key_ranges, triton.cdiv(T, c.block_q))
+            _indexer_logits_blocked_kernel[grid](*args, T, *strides, BLOCK_Q=c.block_q, **meta)
     return logits
 
 

@@ -44,7 +44,7 @@ class SparseMLAConfig:
     num_warps: int
     num_stages: int
     prefetch: bool = False  # gather the next block into registers by hand (use with num_stages 1)
-    # the SM90 Gluon kernel (sparse_mla_sm90.py): 64-head blocks of 64 rows, BF16 KV, 2 stages, 8 + 4 warps
+    # the SM90 Gluon kernel (sparse_mla_sm90.py): 64-head blocks of 64 rows, BF16 or FP8 KV, 2 stages, 8 + 4 warps
     warp_specialized: bool = False
 
 
@@ -63,15 +63,15 @@ def default_config(
     num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int, warp_specialized: bool = False
 ) -> SparseMLAConfig:
     """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log).
-    warp_specialized: the SM90 kernel may run (`warp_specialized_available`); it takes BF16 KV with
-    a multiple of 64 heads."""
+    warp_specialized: the SM90 kernel may run (`warp_specialized_available`); it takes a multiple of
+    64 heads, BF16 or FP8 KV."""
     if num_heads > 16:
         # 64 heads: one program per token covers all heads (acc 64 x 512 fp32, one program per SM).
         # Below one wave, split top-k until the programs fill the SMs (batch-1 decode with 2 programs
         # took 76 us a layer on the H200); each split's partial costs 128 KB/token each way.
         splits = 1 if num_tokens > num_sms else max(2, num_sms // num_tokens)
         splits = min(1 << (splits.bit_length() - 1), max(1, topk // 64))
-        if warp_specialized and not kv_fp8 and num_heads % 64 == 0:
+        if warp_specialized and num_heads % 64 == 0:
             return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=2, warp_specialized=True)
         return SparseMLAConfig(64, 64, splits, num_warps=8, num_stages=3 if kv_fp8 else 4)
     # 8/16 heads are bandwidth-bound: split top-k until about 2 (BF16) or 1 (FP8) programs per SM
@@ -299,10 +299,10 @@ def sparse_mla_fwd(
         config = default_config(T, H, topk, kv_fp8, num_sms, warp_specialized_available(q.device))
     if config.warp_specialized:
         smem = 2 * (64 * D_QK + config.num_stages * config.block_n * D_QK + 64 * config.block_n)
-        if kv_fp8 or H % 64 or config.block_h != 64 or config.block_n not in (32, 64) or smem > 227 * 1024:
+        if H % 64 or config.block_h != 64 or config.block_n not in (32, 64) or smem > 227 * 1024:
             raise ValueError(
-                f"warp_specialized sparse MLA takes BF16 KV, a multiple of 64 heads, block_h 64, block_n 32 or 64 "
-                f"and stages that fit 227 KB of shared memory; got kv {kv.dtype}, {H} heads, block_h "
+                f"warp_specialized sparse MLA takes a multiple of 64 heads, block_h 64, block_n 32 or 64 "
+                f"and stages that fit 227 KB of shared memory; got {H} heads, block_h "
                 f"{config.block_h}, block_n {config.block_n}, {config.num_stages} stages ({smem // 1024} KB): "
                 "use default_config(...) for this problem"
             )

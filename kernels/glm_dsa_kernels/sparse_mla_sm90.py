@@ -1,6 +1,7 @@
 """Sparse MLA forward for 64 heads on Hopper (SM90), warp-specialized in Gluon.
 
-Same op, shapes and reference as `sparse_mla.py` (BF16 KV rows [P, 576]); this path exists
+Same op, shapes and reference as `sparse_mla.py` (BF16 KV rows [P, 576], or FlashMLA's 656-byte
+FP8 rows, which `_producer_fp8` converts to BF16 inside their stage); this path exists
 because plain Triton 3.6 runs QK wgmma -> softmax -> PV wgmma of the 64-head kernel one after
 another with the gather in the same warps (a third of the H200's matmul ceiling).
 
@@ -33,7 +34,8 @@ BLOCK_H = 64  # one warpgroup MMA's M
 BLOCK_N = 64  # KV rows per stage (32 with 3-4 stages fits too, and was slower on the H200)
 STAGES = 2  # Q (72 KB) + 2 stages of 64 rows (144 KB) + P (8 KB) fill the 227 KB of shared memory
 PRODUCER_WARPS = 4
-PRODUCER_REGS = 56
+PRODUCER_REGS = 56  # the consumer keeps ~220: more for the producer makes the consumer spill
+PRODUCER_REGS_FP8 = 72  # converting codes takes registers (ptxas, compile_sm90.py --fp8)
 _LOG2E = 1.4426950408889634
 
 
@@ -61,6 +63,80 @@ def _producer(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_b
             async_copy.async_copy_global_to_shared(dst.slice(c * 64, 64, dim=1), base + c * 64, mask=valid[:, None])
         async_copy.async_copy_global_to_shared(rope_smem.index(stage), base + D_V, mask=valid[:, None])
         async_copy.mbarrier_arrive(ready.index(stage), increment_count=False)
+
+
+@gluon.jit
+def _producer_fp8(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_V: gl.constexpr, ROW_BYTES: gl.constexpr,
+                  WARPS: gl.constexpr):
+    """FlashMLA's 656-byte FP8 rows, dequantized to BF16 inside their stage (wgmma has no e4m3 x bf16
+    form). A block's 512 codes per row land by cp.async, all at once, in the stage's upper half as
+    eight [rows, 64] chunks; chunk c is then converted into the stage's BF16 columns [64 c, 64 c + 64).
+    The rope, BF16 already, is copied straight to its buffer. Converting in place keeps a whole block
+    of copies in flight with no extra shared memory (Q and two stages fill it)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [WARPS, 1], [1, 0])  # 16 codes per thread
+    rope_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    raw_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    CHUNKS: gl.constexpr = D_V // 64
+    keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+    rope_cols = gl.arange(0, 64, layout=gl.SliceLayout(0, rope_layout))
+    codes_ptr = kv_ptr.to(gl.pointer_type(gl.float8e4nv))
+    scale_ptr = kv_ptr.to(gl.pointer_type(gl.float32))
+    rope_ptr = kv_ptr.to(gl.pointer_type(gl.bfloat16))
+    rows_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1)
+    for j in range(n_blocks):
+        stage = j % STAGES
+        rows = rows_next
+        pos = k_lo + (j + 1) * BLOCK_N + keys
+        rows_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+        valid = rows >= 0
+        rows64 = gl.where(valid, rows, 0).to(gl.int64)
+        dst = kv_smem.index(stage)
+        # the stage's 64 KB as sixteen [rows, 64] e4m3 chunks; the codes land in the upper eight
+        raw = dst._reinterpret(gl.float8e4nv, [2 * CHUNKS, BLOCK_N, 64], raw_layout)
+        mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
+        for c in gl.static_range(CHUNKS):
+            # masked rows are zero-filled (codes and scales), so P = 0 meets zeros
+            async_copy.async_copy_global_to_shared(raw.index(CHUNKS + c),
+                                                   codes_ptr + rows64[:, None] * ROW_BYTES + c * 64 + cols[None, :],
+                                                   mask=valid[:, None])
+        rope_rows = gl.convert_layout(rows64, gl.SliceLayout(1, rope_layout))
+        rope_ok = gl.convert_layout(valid, gl.SliceLayout(1, rope_layout))
+        # 64 bf16 rope values start at byte 528 of the row, after 512 codes and 4 fp32 scales
+        async_copy.async_copy_global_to_shared(rope_smem.index(stage),
+                                               rope_ptr + rope_rows[:, None] * (ROW_BYTES // 2) + 264 + rope_cols[None, :],
+                                               mask=rope_ok[:, None])
+        async_copy.commit_group()
+        scales = scale_ptr + rows64 * (ROW_BYTES // 4) + D_V // 4  # one fp32 per 128 columns
+        s0 = gl.load(scales, mask=valid, other=0.0)
+        s1 = gl.load(scales + 1, mask=valid, other=0.0)
+        s2 = gl.load(scales + 2, mask=valid, other=0.0)
+        s3 = gl.load(scales + 3, mask=valid, other=0.0)
+        async_copy.wait_group(0)
+        gl.thread_barrier()  # every thread's copies have landed
+        codes = raw.index(CHUNKS).load(layout)
+        for c in gl.static_range(CHUNKS):
+            if c + 1 < CHUNKS:
+                codes_next = raw.index(CHUNKS + c + 1).load(layout)
+            # BF16 chunk c overwrites code chunks 2c - 8 and 2c - 7: before chunk 4's write every
+            # thread has read code chunks 0-5, before chunk 7's chunk 7
+            if c == 4 or c == 7:
+                gl.thread_barrier()
+            if c < 2:
+                scale = s0
+            elif c < 4:
+                scale = s1
+            elif c < 6:
+                scale = s2
+            else:
+                scale = s3
+            dst.slice(c * 64, 64, dim=1).store((codes.to(gl.float32) * scale[:, None]).to(gl.bfloat16))
+            if c + 1 < CHUNKS:
+                codes = codes_next
+        fence_async_shared()  # generic-proxy stores, read by wgmma through the async proxy
+        gl.thread_barrier()
+        mbarrier.arrive(ready.index(stage), count=1)
 
 
 @gluon.jit
@@ -151,6 +227,7 @@ def sparse_mla_fwd_sm90_kernel(
     stride_qt, stride_qh, stride_it, stride_ot, stride_oh, stride_lt,
     SPLIT_OUT: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
     D_QK: gl.constexpr, D_V: gl.constexpr, PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    KV_FP8: gl.constexpr, ROW_BYTES: gl.constexpr,
 ):
     pid_h = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -183,33 +260,49 @@ def sparse_mla_fwd_sm90_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=PRODUCER_WARPS * 32)  # one cp.async arrival per producer thread
+        # BF16: one cp.async arrival per producer thread; FP8: one arrival after the partition's stores
+        mbarrier.init(ready.index(i), count=1 if KV_FP8 else PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(i), count=1)
 
-    gl.warp_specialize(
-        [
-            (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi, n_blocks,
-                         qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
-                         SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
-            (_producer, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
-                         BLOCK_N, STAGES, D_QK, D_V)),
-        ],
-        [PRODUCER_WARPS],
-        [PRODUCER_REGS],
-    )
+    if KV_FP8:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi,
+                             n_blocks, qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
+                             SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
+                (_producer_fp8, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
+                                 BLOCK_N, STAGES, D_V, ROW_BYTES, PRODUCER_WARPS)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi,
+                             n_blocks, qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
+                             SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
+                (_producer, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
+                             BLOCK_N, STAGES, D_QK, D_V)),
+            ],
+            [PRODUCER_WARPS],
+            [PRODUCER_REGS],
+        )
 
 
 def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, part_out, part_lse, split_len: int,
                         splits: int, block_n: int = BLOCK_N, stages: int = STAGES) -> None:
     """Launch on checked inputs (`sparse_mla.sparse_mla_fwd` is the public entry, and owns the split
-    partials and their merge): q [T, H, 576] bf16 with H a multiple of 64, kv BF16 rows [P, 576],
-    indices [T, topk] int32."""
+    partials and their merge): q [T, H, 576] bf16 with H a multiple of 64, kv BF16 rows [P, 576]
+    or FP8 rows uint8 [P, 656], indices [T, topk] int32."""
     T, H, _ = q.shape
+    kv_fp8 = kv.element_size() == 1  # FlashMLA uint8 rows
     sparse_mla_fwd_sm90_kernel[(H // BLOCK_H, splits, T)](
         q, kv, indices, out, lse, part_out, part_lse,
         qk_scale_log2,
         H, indices.shape[1], split_len, splits,
         q.stride(0), q.stride(1), indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
         SPLIT_OUT=splits > 1, BLOCK_H=BLOCK_H, BLOCK_N=block_n, STAGES=stages, D_QK=D_QK, D_V=D_V,
-        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS, num_warps=8,
+        PRODUCER_WARPS=PRODUCER_WARPS, PRODUCER_REGS=PRODUCER_REGS_FP8 if kv_fp8 else PRODUCER_REGS, KV_FP8=kv_fp8,
+        ROW_BYTES=kv.shape[1] * kv.element_size(), num_warps=8,
     )

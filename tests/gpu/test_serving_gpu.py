@@ -2,7 +2,7 @@
 
 Each test starts its own server (they run side by side on one GPU under pytest-xdist), serves a
 batch of ragged prompts longer than index_topk, a chunked long prompt and a radix-cache repeat,
-and judges the bfloat16 tokens against the float64 reference with the margin rule
+and judges the bfloat16 tokens (the repeat's too) against the float64 reference with the margin rule
 (gpu_serving.py). Controls show the rule can fail: a changed plan, sparsity removed.
 """
 
@@ -25,10 +25,12 @@ def serve_and_judge(url, path, name):
     long = generate(url, [LONG_PROMPT])
     again = generate(url, PROMPTS[:2])  # the same prefixes again: radix-cache hits
     assert all(o["meta_info"]["cached_tokens"] > 0 for o in again), [o["meta_info"] for o in again]
-    assert tokens(again) == tokens(first[:2]), "a radix-cache hit changed the tokens"
+    # A hit shrinks the batch, and with it the kernels' launch shapes, so bfloat16 sums may round
+    # differently. The repeat is judged by the same margin rule: where two runs part, at most one
+    # matches the reference, so a parting anywhere but at a near tie fails.
     outs = first + long
-    result = agreement(path, ALL_PROMPTS, outs)
-    record(name, **result.as_dict())
+    result = agreement(path, ALL_PROMPTS + PROMPTS[:2], outs + again)
+    record(name, identical_after_cache_hit=tokens(again) == tokens(first[:2]), **result.as_dict())
     return tokens(outs), result, outs
 
 
@@ -54,16 +56,18 @@ def test_served_tokens_agree_with_reference(models, name, args):
     result.assert_agrees()
 
 
-def test_64_heads_served_by_the_warp_specialized_kernel(models):
-    """64 heads per rank with BF16 KV: on Hopper the Triton backend runs sparse MLA in the SM90
-    Gluon kernel (sparse_mla_sm90.py); its tokens are judged by the same rule, CUDA graphs on."""
+@pytest.mark.parametrize("name, args", [("triton_64_heads", ()), ("triton_64_heads_fp8_kv", ("--kv-cache-dtype", "fp8_e4m3"))])
+def test_64_heads_served_by_the_warp_specialized_kernel(models, name, args):
+    """64 heads per rank: on Hopper the Triton backend runs sparse MLA in the SM90 Gluon kernel
+    (sparse_mla_sm90.py), BF16 KV or FP8 KV (its producer dequantizes); its tokens are judged by
+    the same rule, CUDA graphs on."""
     from glm_dsa_kernels.sparse_mla import default_config, warp_specialized_available
 
     if not warp_specialized_available("cuda"):
         pytest.skip("the warp-specialized kernel needs an SM90 GPU and Triton with Gluon")
-    assert default_config(16, 64, 128, False, 132, warp_specialized=True).warp_specialized
-    with gpu_server(models["glm52_64h"], "triton_64_heads") as url:
-        _, result, _ = serve_and_judge(url, models["glm52_64h"], "triton_64_heads")
+    assert default_config(16, 64, 128, bool(args), 132, warp_specialized=True).warp_specialized
+    with gpu_server(models["glm52_64h"], name, *args) as url:
+        _, result, _ = serve_and_judge(url, models["glm52_64h"], name)
     result.assert_agrees()
 
 
