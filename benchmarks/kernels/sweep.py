@@ -202,6 +202,49 @@ def prefill_indexer_sweep(ceil):
         del k_cache, pt, lg
 
 
+def verify_indexer_sweep(ceil):
+    """The indexer in MTP verify: every request scores its 4 draft tokens' queries (key limits n-3..n)
+    over its whole context, FP8 keys. The per-query kernel reads each key 4 times, a 4-query block
+    once; each candidate's logits are checked against the per-query kernel's first."""
+    from glm_dsa_kernels.indexer import IndexerConfig as IC
+    from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
+
+    from bench_kernels import make_index_cache
+
+    per = 4
+    for B, keys in ((64, 65536), (32, 131072)):
+        problem = f"verify indexer {B} requests x {per} queries x {keys // 1024}K keys"
+        k_cache, pt = make_index_cache(B, keys)
+        T = B * per
+        q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(T, 32, device="cuda") / 32
+        qr = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(per)
+        kl = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
+        nb = indexer_bytes(B * keys, T, 2048)  # keys read once per request: the floor a block can reach
+        floor = max(nb / ceil[0], indexer_flops(int(kl.sum())) / ceil[1])
+        seen = torch.arange(keys, device="cuda")[None, :] < kl[:, None]
+        want = indexer_logits(q, w, k_cache, pt, qr, kl, torch.zeros(T, keys, device="cuda"), IC())[seen]
+        lg = torch.empty(T, keys, device="cuda")
+        cands = [IC(), IC(keys_per_program=2048)] + [IC(block_q=bq, block_n=64, keys_per_program=kpp, num_stages=st)
+                                                     for bq, kpp, st in ((4, 4096, 3), (4, 2048, 3), (4, 4096, 5), (2, 4096, 3))]
+        times = []
+        for c in cands:
+            got = indexer_logits(q, w, k_cache, pt, qr, kl, lg.fill_(float("nan")), config=c)[seen]
+            if not rel_err(got, want) < 1e-5:
+                log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
+                continue
+            name = f"logits bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages}"
+            t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
+            if t:
+                times.append((t, name))
+            name = f"indexer_topk bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages}"
+            t = timed(problem, name, lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=c), floor)
+            if t:
+                times.append((t, name))
+        log(f"{problem} (floor {floor * 1e6:.0f}us): " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in sorted(times)))
+        del k_cache, pt, lg
+
+
 def kernel_times(fn, iters=20):
     """Mean device time per call of each kernel fn launches (torch.profiler)."""
     fn()
@@ -222,7 +265,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--prev", type=Path, help="folder holding an older copy of glm_dsa_kernels")
-    ap.add_argument("--only", default="mla,indexer", help="comma list of: mla,indexer,prefill-indexer")
+    ap.add_argument("--only", default="mla,indexer", help="comma list of: mla,indexer,prefill-indexer,verify-indexer")
     ap.add_argument("--mla-problems", default="", help="comma list of fmt:T:H, e.g. bf16:256:64 (default: all)")
     args = ap.parse_args()
     prev = None
@@ -236,7 +279,8 @@ def main():
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
     kv_fp8 = quantize_kv_fp8(kv_bf16)
     for name, fn in (("mla", lambda: mla_sweep(kv_bf16, kv_fp8, (bw, peak), prev, set(filter(None, args.mla_problems.split(","))))),
-                     ("indexer", lambda: indexer_sweep((bw, peak), prev)), ("prefill-indexer", lambda: prefill_indexer_sweep((bw, peak)))):
+                     ("indexer", lambda: indexer_sweep((bw, peak), prev)), ("prefill-indexer", lambda: prefill_indexer_sweep((bw, peak))),
+                     ("verify-indexer", lambda: verify_indexer_sweep((bw, peak)))):
         if name not in args.only.split(","):
             continue
         try:
