@@ -108,7 +108,10 @@ def indexer_sweep(ceil, prev):
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
     from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
 
-    logit_cands = [IC(128, 2048, 3, 4), IC(128, 4096, 3, 4), IC(128, 4096, 4, 4), IC(128, 8192, 3, 4)]
+    # block_n 64 reads a block from one page (contiguous, one page-table read): new since 427d778
+    logit_cands = [IC(block_n=bn, keys_per_program=kpp, num_stages=st, num_warps=4)
+                   for bn, kpp, st in ((128, 2048, 3), (128, 4096, 3), (128, 4096, 4), (128, 8192, 3), (64, 4096, 3),
+                                       (64, 4096, 4), (64, 2048, 4))]
     topk_cands = [(16384, 4096, 2048, 4096), (16384, 4096, 1024, 4096), (16384, 4096, 4096, 4096),
                   (32768, 8192, 2048, 4096), (16384, 4096, 2048, 2048), (8192, 4096, 2048, 4096)]
     for B, keys in ((64, 65536), (32, 131072)):
