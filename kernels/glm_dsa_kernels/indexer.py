@@ -41,7 +41,7 @@ _DOT_DTYPE = tl.float32 if _INTERPRET else tl.bfloat16
 _F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # positional configs would shift when a field is added
 class IndexerConfig:
     """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/sweep_run5.log, 12)."""
 
