@@ -59,7 +59,7 @@ def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, 
     sampled = i * stride < n
     key = _ordered_key(tl.load(logits_ptr + t.to(tl.int64) * stride_lt + i * stride, mask=sampled, other=0.0))
     m = tl.cdiv(n, stride)  # keys in the sample
-    expect = topk * m.to(tl.float32) / n.to(tl.float32)  # the k-th key's expected rank in the sample
+    expect = topk * m.to(tl.float32) / tl.maximum(n, 1).to(tl.float32)  # the k-th key's expected rank in the sample
     want = (expect + 6.0 * tl.sqrt(expect) + 8.0).to(tl.int32)  # sampled keys to keep at or above bound
     d0, left = _pick_digit(_masked_histogram(key >> 24, sampled), want)
     d1, _ = _pick_digit(_masked_histogram((key >> 16) & 255, sampled & ((key >> 24) == d0.to(tl.uint32))), left)
