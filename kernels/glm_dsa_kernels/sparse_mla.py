@@ -14,7 +14,7 @@ One program owns BLOCK_H heads of one query token and one split of its index lis
 gathered KV row is shared by BLOCK_H heads ([BLOCK_H, 576] x [576, BLOCK_N] dots, online
 softmax). Splits > 1 write partial (out, lse) that a second kernel merges.
 
-On Hopper, 64-head blocks on BF16 KV go to the warp-specialized Gluon kernel in
+On Hopper, 64-head blocks (BF16 or FP8 KV) go to the warp-specialized Gluon kernel in
 `sparse_mla_sm90.py` (`SparseMLAConfig.warp_specialized`, picked by `default_config`); this module
 stays the one launcher and the reference.
 """
