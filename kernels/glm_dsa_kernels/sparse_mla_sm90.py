@@ -93,7 +93,8 @@ def _producer_fp8(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi,
         valid = rows >= 0
         rows64 = gl.where(valid, rows, 0).to(gl.int64)
         dst = kv_smem.index(stage)
-        # the stage's 64 KB as sixteen [rows, 64] e4m3 chunks; the codes land in the upper eight
+        # the stage's 64 KB as sixteen [rows, 64] e4m3 chunks; the codes land in the upper eight. The
+        # 128-byte-swizzled stage keeps each 64-column BF16 slice as one contiguous [rows, 128 B] tile
         raw = dst._reinterpret(gl.float8e4nv, [2 * CHUNKS, BLOCK_N, 64], raw_layout)
         mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
         for c in gl.static_range(CHUNKS):
