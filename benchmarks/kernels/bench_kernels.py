@@ -314,6 +314,17 @@ def decode_indexer_inputs(B, keys):
     return q, w, k_cache, page_table, query_req, key_limit
 
 
+def prefill_indexer_inputs(C, ctx):
+    """A prefill chunk: C queries at the end of one request's ctx keys, causal key limits (FP8 keys):
+    (q, weights, k_cache, page_table, query_req, key_limit)."""
+    k_cache, page_table = make_index_cache(1, ctx)
+    q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(C, 32, device="cuda") / 32
+    query_req = torch.zeros(C, device="cuda", dtype=torch.int32)
+    key_limit = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+    return q, w, k_cache, page_table, query_req, key_limit
+
+
 def indexer_tables(ceil):
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
     from glm_dsa_kernels.topk_select import topk_positions
@@ -351,11 +362,7 @@ def prefill_indexer_tables(ceil):
     tab = Table(f"lightning indexer, prefill: {C} queries at the end of the context, causal, FP8 keys",
                 "prefill indexer", ceil)
     for ctx in (32768, 131072):
-        k_cache, pt = make_index_cache(1, ctx)
-        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(C, 32, device="cuda") / 32
-        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
-        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+        q, w, k_cache, pt, qr, kl = prefill_indexer_inputs(C, ctx)
         keys = int(kl.sum())
         lg = torch.empty(C, ctx, device="cuda")
         blocked = default_config(C, queries_per_request=C)
@@ -383,12 +390,8 @@ def indexcache_tables(kv_fp8, ceil):
                      "|---|---|---|---|---|---|"])
     C, L, scale = 2048, 4, 576**-0.5
     for ctx in (32768, 131072):
-        k_cache, pt = make_index_cache(1, ctx)
+        q_idx, w, k_cache, pt, qr, kl = prefill_indexer_inputs(C, ctx)
         req_to_token = torch.randperm(kv_fp8.shape[0], device="cuda")[:ctx].int().view(1, ctx)
-        q_idx = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(C, 32, device="cuda") / 32
-        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
-        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)  # causal
         q = torch.randn(C, 64, 576, device="cuda", dtype=torch.bfloat16)
 
         config = default_config(C, queries_per_request=C)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 # Run as a script, this folder is on sys.path already.
-from bench_kernels import decode_indexer_inputs, load_previous, make_index_cache, mla_inputs
+from bench_kernels import decode_indexer_inputs, load_previous, mla_inputs, prefill_indexer_inputs
 
 
 def _mla(tokens, heads, fp8):
@@ -67,11 +67,7 @@ def main():
         from glm_dsa_kernels.indexer import default_config, indexer_logits
 
         C, ctx = 2048, 32768
-        k_cache, pt = make_index_cache(1, ctx)
-        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(C, 32, device="cuda") / 32
-        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
-        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
+        q, w, k_cache, pt, qr, kl = prefill_indexer_inputs(C, ctx)
         lg = torch.empty(C, ctx, device="cuda")
         for _ in range(2):
             indexer_logits(q, w, k_cache, pt, qr, kl, lg, default_config(C, queries_per_request=C))

@@ -168,53 +168,67 @@ def indexer_sweep(ceil, prev):
         del k_cache, pt, lg, lg0
 
 
+def _time_logit_configs(problem, configs, inputs, width, floor, with_topk=False):
+    """Time indexer_logits (and indexer_topk) per config on inputs (q, w, k_cache, page_table,
+    query_req, key_limit); each config's logits are first checked against the per-query kernel's
+    where a query sees keys (the rest of a row is left as is). Returns [(seconds, name)]."""
+    from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_topk
+
+    q, w, k_cache, pt, qr, kl = inputs
+    T = q.shape[0]
+    seen = torch.arange(width, device="cuda")[None, :] < kl[:, None]
+    want = indexer_logits(*inputs, torch.zeros(T, width, device="cuda"), IndexerConfig())[seen]
+    lg = torch.empty(T, width, device="cuda")
+    times = []
+    for c in configs:
+        got = indexer_logits(*inputs, lg.fill_(float("nan")), config=c)[seen]
+        if not rel_err(got, want) < 1e-5:
+            log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
+            continue
+        shape = f"bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps}"
+        runs = [("logits", lambda: indexer_logits(*inputs, lg, config=c))]
+        if with_topk:
+            runs.append(("indexer_topk", lambda: indexer_topk(*inputs, 2048, config=c)))
+        for what, fn in runs:
+            t = timed(problem, f"{what} {shape}", fn, floor)
+            if t:
+                times.append((t, f"{what} {shape}"))
+    return sorted(times)
+
+
 def prefill_indexer_sweep(ceil):
     """The indexer's logits in prefill: 2048 queries at the end of a 32K / 128K context, causal,
-    FP8 keys; the per-query decode kernel against query-block candidates, each checked first."""
+    FP8 keys; the per-query decode kernel against query-block candidates."""
     from glm_dsa_kernels.indexer import IndexerConfig as IC
-    from glm_dsa_kernels.indexer import default_config, indexer_flops, indexer_logits
+    from glm_dsa_kernels.indexer import default_config, indexer_flops
 
-    from bench_kernels import make_index_cache
+    from bench_kernels import prefill_indexer_inputs
 
     cands = [IC(block_q=bq, block_n=bn, num_stages=st, num_warps=wa)  # no spills on sm_90a (ptxas -v)
              for bq, bn, st, wa in ((4, 64, 5, 4), (4, 64, 3, 4), (2, 64, 5, 4), (8, 64, 5, 8), (4, 128, 5, 8))]
     C = 2048
     for ctx in (32768, 131072):
         problem = f"prefill indexer {C} queries x {ctx // 1024}K keys"
-        k_cache, pt = make_index_cache(1, ctx)
-        q = torch.randn(C, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(C, 32, device="cuda") / 32
-        qr = torch.zeros(C, device="cuda", dtype=torch.int32)
-        kl = torch.arange(ctx - C + 1, ctx + 1, device="cuda", dtype=torch.int32)
-        fl = indexer_flops(int(kl.sum()))
-        floor = fl / ceil[1]
-        seen = torch.arange(ctx, device="cuda")[None, :] < kl[:, None]
-        want = indexer_logits(q, w, k_cache, pt, qr, kl, torch.zeros(C, ctx, device="cuda"), IC())[seen]
-        lg = torch.empty(C, ctx, device="cuda")
-        times = []
-        for c in [IC(), default_config(C, queries_per_request=C)] + cands:
-            got = indexer_logits(q, w, k_cache, pt, qr, kl, lg.fill_(float("nan")), config=c)[seen]
-            if not rel_err(got, want) < 1e-5:
-                log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
-                continue
-            name = f"bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps}"
-            t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
-            if t:
-                times.append((t, name))
-        log(f"{problem}: " + "; ".join(f"{n} {t * 1e6:.0f}us {fl / t / 1e12:.0f} TFLOP/s" for t, n in sorted(times)))
-        del k_cache, pt, lg
+        inputs = prefill_indexer_inputs(C, ctx)
+        fl = indexer_flops(int(inputs[-1].sum()))
+        times = _time_logit_configs(problem, [IC(), default_config(C, queries_per_request=C)] + cands, inputs, ctx,
+                                    fl / ceil[1])
+        log(f"{problem}: " + "; ".join(f"{n} {t * 1e6:.0f}us {fl / t / 1e12:.0f} TFLOP/s" for t, n in times))
+        del inputs
 
 
 def verify_indexer_sweep(ceil):
     """The indexer in MTP verify: every request scores its 4 draft tokens' queries (key limits n-3..n)
     over its whole context, FP8 keys. The per-query kernel reads each key 4 times, a 4-query block
-    once; each candidate's logits are checked against the per-query kernel's first."""
+    once."""
     from glm_dsa_kernels.indexer import IndexerConfig as IC
-    from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
+    from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops
 
     from bench_kernels import make_index_cache
 
     per = 4
+    cands = [IC(), IC(keys_per_program=2048)] + [IC(block_q=bq, block_n=64, keys_per_program=kpp, num_stages=st)
+                                                 for bq, kpp, st in ((4, 4096, 3), (4, 2048, 3), (4, 4096, 5), (2, 4096, 3))]
     for B, keys in ((64, 65536), (32, 131072)):
         problem = f"verify indexer {B} requests x {per} queries x {keys // 1024}K keys"
         k_cache, pt = make_index_cache(B, keys)
@@ -225,27 +239,9 @@ def verify_indexer_sweep(ceil):
         kl = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
         nb = indexer_bytes(B * keys, T, 2048)  # keys read once per request: the floor a block can reach
         floor = max(nb / ceil[0], indexer_flops(int(kl.sum())) / ceil[1])
-        seen = torch.arange(keys, device="cuda")[None, :] < kl[:, None]
-        want = indexer_logits(q, w, k_cache, pt, qr, kl, torch.zeros(T, keys, device="cuda"), IC())[seen]
-        lg = torch.empty(T, keys, device="cuda")
-        cands = [IC(), IC(keys_per_program=2048)] + [IC(block_q=bq, block_n=64, keys_per_program=kpp, num_stages=st)
-                                                     for bq, kpp, st in ((4, 4096, 3), (4, 2048, 3), (4, 4096, 5), (2, 4096, 3))]
-        times = []
-        for c in cands:
-            got = indexer_logits(q, w, k_cache, pt, qr, kl, lg.fill_(float("nan")), config=c)[seen]
-            if not rel_err(got, want) < 1e-5:
-                log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
-                continue
-            name = f"logits bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages}"
-            t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
-            if t:
-                times.append((t, name))
-            name = f"indexer_topk bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages}"
-            t = timed(problem, name, lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=c), floor)
-            if t:
-                times.append((t, name))
-        log(f"{problem} (floor {floor * 1e6:.0f}us): " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in sorted(times)))
-        del k_cache, pt, lg
+        times = _time_logit_configs(problem, cands, (q, w, k_cache, pt, qr, kl), keys, floor, with_topk=True)
+        log(f"{problem} (floor {floor * 1e6:.0f}us): " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in times))
+        del k_cache, pt
 
 
 def kernel_times(fn, iters=20):
