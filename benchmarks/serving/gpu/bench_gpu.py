@@ -38,6 +38,7 @@ import dataclasses
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -198,13 +199,20 @@ def parse_runs(items: list[str], known: dict, plugins: dict) -> list[tuple[str, 
     return runs
 
 
+def plugin_origin() -> dict[str, str]:
+    """Where a server started now (this environment, this directory) imports the plugin from."""
+    code = "import glm_dsa_kernels, sglang_glm, os; print(os.path.dirname(sglang_glm.__file__)); print(os.path.dirname(glm_dsa_kernels.__file__))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    return {"sglang_glm": out[0], "glm_dsa_kernels": out[1]}
+
+
 def parse_plugins(items: list[str]) -> dict[str, str]:
     plugins = {}
     for item in items:
         name, _, path = item.partition("=")
         if not name or not Path(path, "sglang_glm").is_dir():
             raise SystemExit(f"--plugin {item!r}: want NAME=DIR with DIR/sglang_glm (pip install --target DIR)")
-        plugins[name] = path
+        plugins[name] = str(Path(path).resolve())
     return plugins
 
 
@@ -217,6 +225,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=None, help="length scale (default 1 on GPU, 1/256 on CPU)")
     ap.add_argument("--plugin", action="append", default=[], help="NAME=DIR: a plugin installed in DIR")
     args = ap.parse_args()
+    args.model, args.out = args.model.resolve(), args.out.resolve()
     t0 = time.time()
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
     plugins = parse_plugins(args.plugin)
@@ -231,9 +240,15 @@ def main() -> None:
     print(f"{meta['hardware']}; {len(runs)} server(s), deadline {args.deadline_s:.0f}s", flush=True)
 
     base_path = os.environ.get("PYTHONPATH", "")
+    # `python -m` puts the working directory first on sys.path: from the repository root the
+    # working tree's sglang_glm would shadow a --plugin copy's (while its kernels came from the copy).
+    os.chdir(args.out)
     for name, plugin, workloads in runs:
         os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
         label = f"{name}@{plugin}" if plugin else name
+        origin = plugin_origin()
+        if plugin and not all(Path(d).is_relative_to(plugins[plugin]) for d in origin.values()):
+            raise SystemExit(f"[{label}] the server would import {origin}, not the plugin in {plugins[plugin]}")
         left = args.deadline_s - (time.time() - t0)
         if left < 120:
             print(f"[{label}] skipped: {left:.0f}s left", flush=True)
@@ -241,7 +256,9 @@ def main() -> None:
         print(f"[{label}] starting server (t={time.time() - t0:.0f}s)", flush=True)
         ts = time.time()
         flags = [*configs(n_layers)[name], *extra]
-        with server(args.model, flags, args.out / f"server_{label}.log", 64, timeout=min(480, left)) as (url, err):
+        print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
+        file_label = f"{name}_{plugin}" if plugin else name  # no '@' in file names: the device tool refuses them
+        with server(args.model, flags, args.out / f"server_{file_label}.log", 64, timeout=min(480, left)) as (url, err):
             if err:
                 print(f"  not started: {err}", flush=True)
                 with results.open("a") as f:
@@ -256,13 +273,13 @@ def main() -> None:
                     continue
                 print(f"  {wname} (t={time.time() - t0:.0f}s)", flush=True)
                 try:
-                    res = bench_serving(url, args.model, w, args.out / f"{label}_{wname}.json")
+                    res = bench_serving(url, args.model, w, args.out / f"{file_label}_{wname}.json")
                 except Exception as exc:  # keep going: the other workloads still count
                     print(f"  {wname} failed: {exc}", flush=True)
                     continue
                 row = {"config": name, "plugin": plugin, "workload": wname, **dataclasses.asdict(w),
                        **{k: res.get(k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
-                       "meta": meta}
+                       "plugin_origin": origin, "meta": meta}
                 with results.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"    TTFT {row['median_ttft_ms']:.1f} ms, TPOT {row['median_tpot_ms'] or 0:.2f} ms, "
