@@ -40,19 +40,25 @@ _LOG2E = 1.4426950408889634
 
 
 @gluon.jit
+def _block_rows(idx_row, k_lo, k_hi, j, keys, BLOCK_N: gl.constexpr):
+    """KV row indices of top-k block j of [k_lo, k_hi), in the layout of `keys`; -1 past k_hi."""
+    pos = k_lo + j * BLOCK_N + keys
+    return gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+
+
+@gluon.jit
 def _producer(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, D_QK: gl.constexpr, D_V: gl.constexpr):
     # 16-byte copies: 8 bf16 per thread along a row, a [16, 64] tile per pass of 4 warps
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     cols = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
     keys = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-    rows_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1)
+    rows_next = _block_rows(idx_row, k_lo, k_hi, 0, keys, BLOCK_N)
     for j in range(n_blocks):
         stage = j % STAGES
         # block j + 1's indices are read while block j waits for its stage
         rows = rows_next
-        pos = k_lo + (j + 1) * BLOCK_N + keys
-        rows_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+        rows_next = _block_rows(idx_row, k_lo, k_hi, j + 1, keys, BLOCK_N)
         # the consumer frees a stage once its block's PV has finished (the first pass is free)
         mbarrier.wait(empty.index(stage), ((j // STAGES) & 1) ^ 1, pred=j >= STAGES)
         valid = rows >= 0
@@ -84,12 +90,11 @@ def _producer_fp8(kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi,
     codes_ptr = kv_ptr.to(gl.pointer_type(gl.float8e4nv))
     scale_ptr = kv_ptr.to(gl.pointer_type(gl.float32))
     rope_ptr = kv_ptr.to(gl.pointer_type(gl.bfloat16))
-    rows_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1)
+    rows_next = _block_rows(idx_row, k_lo, k_hi, 0, keys, BLOCK_N)
     for j in range(n_blocks):
         stage = j % STAGES
         rows = rows_next
-        pos = k_lo + (j + 1) * BLOCK_N + keys
-        rows_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1)
+        rows_next = _block_rows(idx_row, k_lo, k_hi, j + 1, keys, BLOCK_N)
         valid = rows >= 0
         rows64 = gl.where(valid, rows, 0).to(gl.int64)
         dst = kv_smem.index(stage)
@@ -172,14 +177,13 @@ def _consumer(q_row, stride_qh, idx_row, out_base, lse_ptr, stride_oh, head0, nu
     # cross-warpgroup reduction (shared memory and barriers) per block
     l_acc = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_layout)
     keys = gl.arange(0, BLOCK_N, layout=key_layout)
-    valid_next = gl.load(idx_row + k_lo + keys, mask=k_lo + keys < k_hi, other=-1) >= 0
+    valid_next = _block_rows(idx_row, k_lo, k_hi, 0, keys, BLOCK_N) >= 0
     for j in range(n_blocks):
         stage = j % STAGES
         kv = kv_smem.index(stage)
         # the key mask of block j + 1 is read a block early, off the softmax's critical path
         valid = valid_next
-        pos = k_lo + (j + 1) * BLOCK_N + keys
-        valid_next = gl.load(idx_row + pos, mask=pos < k_hi, other=-1) >= 0
+        valid_next = _block_rows(idx_row, k_lo, k_hi, j + 1, keys, BLOCK_N) >= 0
         mbarrier.wait(ready.index(stage), (j // STAGES) & 1)
         fence_async_shared()  # cp.async wrote through the generic proxy; wgmma reads through the async one
         s = warpgroup_mma(q_rope_smem, rope_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
