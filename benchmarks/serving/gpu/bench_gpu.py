@@ -151,7 +151,11 @@ def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
     if w.dataset == "text":
         path = write_dataset(out / "heldout_sharegpt.json")
         return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--sharegpt-output-len", str(w.output_len)]
-    return ["--dataset-name", "random", "--dataset-path", str(model / "prompts_sharegpt.json"),
+    # make_glm52_shaped.py writes the random dataset's source text; other models take the held-out text
+    source = model / "prompts_sharegpt.json"
+    if not source.exists():
+        source = write_dataset(out / "heldout_sharegpt.json")
+    return ["--dataset-name", "random", "--dataset-path", str(source),
             "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
             "--random-range-ratio", "1.0"]
 
