@@ -269,30 +269,20 @@ def sparse_mla_fwd_sm90_kernel(
         mbarrier.init(ready.index(i), count=1 if KV_FP8 else PRODUCER_WARPS * 32)
         mbarrier.init(empty.index(i), count=1)
 
-    if KV_FP8:
-        gl.warp_specialize(
-            [
-                (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi,
-                             n_blocks, qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
-                             SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
-                (_producer_fp8, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
-                                 BLOCK_N, STAGES, D_V, ROW_BYTES, PRODUCER_WARPS)),
-            ],
-            [PRODUCER_WARPS],
-            [PRODUCER_REGS],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi,
-                             n_blocks, qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
-                             SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
-                (_producer, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
-                             BLOCK_N, STAGES, D_QK, D_V)),
-            ],
-            [PRODUCER_WARPS],
-            [PRODUCER_REGS],
-        )
+    gl.warp_specialize(
+        [
+            (_consumer, (q_row, stride_qh, idx_row, out_base, lse_base, stride_o, head0, num_heads, k_lo, k_hi, n_blocks,
+                         qk_scale_log2, q_smem, q_rope_smem, kv_smem, rope_smem, p_smem, ready, empty,
+                         SPLIT_OUT, BLOCK_H, BLOCK_N, STAGES, D_QK, D_V)),
+            # the producer by KV format, chosen at compile time (Gluon keeps no function in a variable)
+            (_producer_fp8, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
+                             BLOCK_N, STAGES, D_V, ROW_BYTES, PRODUCER_WARPS)) if KV_FP8 else
+            (_producer, (kv_ptr, idx_row, kv_smem, rope_smem, ready, empty, k_lo, k_hi, n_blocks,
+                         BLOCK_N, STAGES, D_QK, D_V)),
+        ],
+        [PRODUCER_WARPS],
+        [PRODUCER_REGS],
+    )
 
 
 def sparse_mla_fwd_sm90(q, kv, indices, qk_scale_log2: float, out, lse, part_out, part_lse, split_len: int,
