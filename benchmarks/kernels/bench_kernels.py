@@ -381,7 +381,7 @@ def indexcache_tables(kv_fp8, ceil):
     """Kernel-level prefill of a 4-layer stack: a chunk of C queries at the end of a context.
     Per layer: sparse MLA (64 heads, FP8 KV) over top-k rows; 'full' layers also run the indexer
     (FP8 keys, causal limits) and map positions to pool rows. All-full vs one layer in four full."""
-    from glm_dsa_kernels.indexer import default_config, indexer_topk
+    from glm_dsa_kernels.indexer import indexer_topk
     from glm_dsa_kernels.pool_rows import positions_to_pool_rows
     from glm_dsa_kernels.sparse_mla import sparse_mla_fwd
 
@@ -394,11 +394,9 @@ def indexcache_tables(kv_fp8, ceil):
         req_to_token = torch.randperm(kv_fp8.shape[0], device="cuda")[:ctx].int().view(1, ctx)
         q = torch.randn(C, 64, 576, device="cuda", dtype=torch.bfloat16)
 
-        config = default_config(C, queries_per_request=C)
-
         def layer(full, rows):
             if full:
-                pos = indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048, config=config)
+                pos = indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048)
                 rows = positions_to_pool_rows(pos, req_to_token, qr)
             sparse_mla_fwd(q, kv_fp8, rows, scale)
             return rows
@@ -410,7 +408,7 @@ def indexcache_tables(kv_fp8, ceil):
 
         t_all = bench(lambda: stack([True] * L), rep=200)
         t_cache = bench(lambda: stack([True] + [False] * (L - 1)), rep=200)
-        t_idx = bench(lambda: indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048, config=config), rep=100)
+        t_idx = bench(lambda: indexer_topk(q_idx, w, k_cache, pt, qr, kl, 2048), rep=100)
         row = dict(table=title, shape=f"context {ctx // 1024}K", impl="stack timings", us=t_all * 1e6,
                    all_full_ms=t_all * 1e3, one_in_four_ms=t_cache * 1e3, speedup=t_all / t_cache,
                    indexer_ms=t_idx * 1e3, indexer_share_all_full=L * t_idx / t_all)

@@ -64,13 +64,13 @@ def main():
             for fn in runs:
                 fn(q, w, k_cache, pt, qr, kl, lg)
     elif args.problem == "indexer-prefill":
-        from glm_dsa_kernels.indexer import default_config, indexer_logits
+        from glm_dsa_kernels.indexer import indexer_logits
 
         C, ctx = 2048, 32768
         q, w, k_cache, pt, qr, kl = prefill_indexer_inputs(C, ctx)
         lg = torch.empty(C, ctx, device="cuda")
         for _ in range(2):
-            indexer_logits(q, w, k_cache, pt, qr, kl, lg, default_config(C, queries_per_request=C))
+            indexer_logits(q, w, k_cache, pt, qr, kl, lg)  # one request's 2048 queries: the query-blocked kernel
     else:
         from glm_dsa_kernels.indexer import indexer_logits
         from glm_dsa_kernels.topk_select import topk_positions

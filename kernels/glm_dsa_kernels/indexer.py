@@ -70,6 +70,12 @@ def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerCon
     return IndexerConfig(block_q=block_q, block_n=64, keys_per_program=keys, num_stages=3, num_warps=4)
 
 
+def _default_for(num_queries: int, page_table: torch.Tensor) -> IndexerConfig:
+    """default_config for queries spread over page_table's requests: a prefill chunk brings many
+    per request (and takes the query-blocked kernel), decode one, an MTP verify its draft tokens."""
+    return default_config(num_queries, queries_per_request=num_queries // max(page_table.shape[0], 1))
+
+
 @triton.jit
 def _pow2(e):
     """2^e as fp32 for integer e in [-126, 127] (built from the exponent bits: exact)."""
@@ -232,7 +238,7 @@ def indexer_logits(
     T = q.shape[0]
     assert logits.dtype == torch.float32 and logits.shape[0] == T and logits.stride(-1) == 1
     if T:
-        c = config or default_config(T)
+        c = config or _default_for(T, page_table)
         args = (q, weights, k_cache, page_table, query_req, key_limit, logits)
         strides = (q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0))
         meta = dict(K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program,
@@ -264,7 +270,7 @@ def indexer_topk(
     Keys are read up to the page table's width (max_pages * page size): no host sync on key_limit.
     """
     T = q.shape[0]
-    config = config or default_config(T)
+    config = config or _default_for(T, page_table)
     width = page_table.shape[1] * page_size(k_cache)
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)

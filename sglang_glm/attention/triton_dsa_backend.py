@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from glm_dsa_kernels.indexer import default_config as indexer_config, indexer_logits, indexer_topk
+from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
 from glm_dsa_kernels.topk_select import topk_positions
@@ -183,10 +183,7 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         weights = (weights * sm_scale).float()
         k_cache = self.token_to_kv_pool.index_k_pages(layer_id, self.page)
         if meta.tree_mask is None:
-            # prefill's many queries per request share key blocks: the query-blocked kernel reads each once
-            config = indexer_config(q.shape[0], queries_per_request=q.shape[0] // max(meta.page_table.shape[0], 1))
-            return indexer_topk(q, weights, k_cache, meta.page_table, meta.query_batch, meta.key_limit, topk,
-                                config=config)
+            return indexer_topk(q, weights, k_cache, meta.page_table, meta.query_batch, meta.key_limit, topk)
         # A draft tree: draft slots outside a verify token's ancestry score -inf and never count.
         logits = torch.empty(q.shape[0], meta.page_table.shape[1] * self.page, dtype=torch.float32, device=q.device)
         indexer_logits(q, weights, k_cache, meta.page_table, meta.query_batch, meta.key_limit, logits)

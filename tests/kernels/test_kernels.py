@@ -284,6 +284,10 @@ def test_indexer_default_config_blocks_prefill_only():
     prefill = indexer.default_config(2048, 2048)
     assert prefill.block_q > 1 and prefill == indexer.default_config(2048, 64)
     assert prefill.keys_per_program % prefill.block_n == 0
+    # the launchers' default counts queries per page-table row: a prefill chunk, a decode batch, a verify
+    assert indexer._default_for(2048, torch.zeros(1, 512, dtype=torch.int32)) == prefill
+    assert indexer._default_for(64, torch.zeros(64, 512, dtype=torch.int32)) == indexer.default_config(64)
+    assert indexer._default_for(256, torch.zeros(64, 512, dtype=torch.int32)).block_q == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
