@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
 # The device tool carries the working tree (tracked files included) plus `carry` paths, 64 MiB in all;
-# .gpu/ alone is ~59 MiB, so the bundled models' weights step outside the tree for a device call.
-#   bash scripts/device_tree.sh out [PATH ...]   # move assets' weights (> 1 MB) to ../device-held-assets, except PATHs
-#   bash scripts/device_tree.sh in               # move them back (do this before any commit)
+# .gpu/ alone is ~46 MiB, so the bundled models' weights and the raw logs step outside the tree for a
+# device call, and the models a call needs travel xz-compressed in .gpu/models (unpack them there with
+# `mkdir -p /tmp/models && for m in .gpu/models/*.tar.xz; do tar xJf $m -C /tmp/models; done`).
+#   bash scripts/device_tree.sh out [MODEL_DIR ...]  # weights (> 1 MB) and logs to ../device-held-assets;
+#                                                    # each MODEL_DIR (e.g. assets/glm5-geometry-carry)
+#                                                    # packed into .gpu/models first
+#   bash scripts/device_tree.sh in                   # move them back (do this before any commit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HELD=../device-held-assets
 case "${1:-}" in
   out)
     shift
-    find assets -type f -size +1M | while read -r f; do
-      for keep in "$@"; do [ "$f" = "$keep" ] && continue 2; done
+    rm -rf .gpu/models && mkdir -p .gpu/models
+    for model in "$@"; do
+      tar cf - -C "$(dirname "$model")" "$(basename "$model")" | xz -T2 -6 > ".gpu/models/$(basename "$model").tar.xz"
+    done
+    { find assets -type f -size +1M; git ls-files benchmarks | grep /logs/; } | while read -r f; do
+      [ -f "$f" ] || continue
       mkdir -p "$HELD/$(dirname "$f")" && mv "$f" "$HELD/$f"
     done ;;
   in)
@@ -18,7 +26,7 @@ case "${1:-}" in
       mkdir -p "$(dirname "$f")" && mv "$HELD/$f" "$f"
     done
     rm -rf "$HELD" ;;
-  *) echo "usage: $0 out [PATH ...] | in" >&2; exit 2 ;;
+  *) echo "usage: $0 out [MODEL_DIR ...] | in" >&2; exit 2 ;;
 esac
 # moved-out tracked files are listed but absent: du skips them (and exits 1)
 tree=$({ git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)

@@ -6,7 +6,8 @@ else to SGLang untouched. On every platform: the DSA KV pool follows the attenti
 GLM-DSA requests that would crash SGLang's scheduler, get a 500 or a cut stream, or silently mean
 something else get a 400; GLM-DSA's server-arg defaults (CUDA: the plugin's Triton backend);
 prefill without CUDA graphs and the top-k buffer sized once for the plugin's backends; EAGLE's
-draft backends and flag checks. Six apply only on the CPU path. `hooks()` lists them;
+draft backends, the draft-extend CUDA graph, flag checks and per-position acceptance. Five
+apply only on the CPU path. `hooks()` lists them;
 `plugin.register()` checks every target exists before `apply()` registers any.
 """
 
@@ -132,6 +133,47 @@ def _draft_extend_backend(original, factory, *args, **kwargs):
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
     return ATTENTION_BACKENDS[name](factory.draft_model_runner)
+
+
+def _capture_draft_extend_graph(result, worker, *args, **kwargs):
+    # SGLang captures the draft-extend graph only for backends on a hard-coded isinstance list; the
+    # plugin's Triton backend refills static buffers before each replay like those, so its
+    # draft-extend pass (the MTP layer over the verified window, once per round) replays too.
+    import time
+
+    from sglang.srt.environ import envs
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
+
+    if (worker.cuda_graph_runner_for_draft_extend is not None
+            or not isinstance(worker.draft_extend_attn_backend, TritonDSABackend)
+            or check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+            or envs.SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH.get()):
+        return result
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+    tic = time.perf_counter()
+    worker.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(worker)
+    elapsed = time.perf_counter() - tic
+    usage = worker._specialized_graph_time_usage
+    usage["draft_extend"] = usage.get("draft_extend", 0.0) + elapsed
+    logger.info("GLM-DSA MTP: draft-extend CUDA graph captured for %s in %.2f s", TRITON_BACKEND, elapsed)
+    return result
+
+
+def _plugin_draft_shares_its_own_topk(result, worker, *args, **kwargs):
+    # SGLang's in-tree MTP index share carries a seed that only its own DSA indexer reads; the
+    # plugin's draft shares top-k through its own table (mtp/index_share.py, chains and trees).
+    # Left on, SGLang gathers and copies the unread seed every round and may drop a round's
+    # draft graph when the seed is missing.
+    from sglang_glm.models.glm_dsa_nextn import GlmMoeDsaForCausalLMNextN
+
+    if isinstance(worker.draft_runner.model, GlmMoeDsaForCausalLMNextN):
+        worker.index_share_for_mtp_iteration = False
+        worker.seed_dsa_topk_from_draft_extend = False
+        worker.dsa_seed_topk_width = None
+    return result
 
 
 def _allocate_forward_buffers(result, model_runner, *args, **kwargs):
@@ -381,7 +423,7 @@ class Hook(NamedTuple):
 
 
 def hooks() -> list[Hook]:
-    """Every hook this process needs: most on every platform, six on the CPU path only."""
+    """Every hook this process needs: most on every platform, five on the CPU path only."""
     everywhere = [
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._resolve_kv_pool_class",
              _plugin_kv_pool, "AROUND"),
@@ -409,6 +451,12 @@ def hooks() -> list[Hook]:
              _draft_extend_backend, "AROUND"),
         Hook("sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
              _validate_glm_dsa_spec, "AROUND"),
+        Hook("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._capture_cuda_graphs",
+             _capture_draft_extend_graph, "AFTER"),
+        Hook("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._init_dsa_index_share_state",
+             _plugin_draft_shares_its_own_topk, "AFTER"),
+        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
+             _per_position_acceptance, "AFTER"),
     ]
     if not on_cpu_engine():
         return everywhere
@@ -418,8 +466,6 @@ def hooks() -> list[Hook]:
         Hook("sglang.srt.arg_groups.platform_hook.handle_cpu_backends",
              _cpu_backends_with_dsa_default, "AROUND"),
         Hook("sglang.srt.mem_cache.allocation.get_last_loc", _last_loc_in_torch, "AROUND"),
-        Hook("sglang.srt.managers.tokenizer_manager.TokenizerManager._calculate_spec_decoding_metrics",
-             _per_position_acceptance, "AFTER"),
         Hook("sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.configure",
              _cpu_fp8_kv_for_glm_dsa, "AROUND"),
         Hook("sglang.srt.mem_cache.kv_cache_configurator.calculate_mla_kv_cache_dim",

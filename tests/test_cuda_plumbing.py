@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
+import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from transformers import GlmMoeDsaConfig
@@ -94,6 +95,7 @@ def test_triton_backend_refuses_other_geometries_at_launch():
 
 def _runner(req_to_token, page_size=64):
     return SimpleNamespace(device=torch.device("cpu"), page_size=page_size,
+                           model_config=SimpleNamespace(context_len=req_to_token.shape[1]),
                            req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
                            token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None))
 
@@ -196,3 +198,82 @@ def test_triton_backend_tree_verify_and_tree_draft_rows():
     row = req_to_token[1]
     assert meta.slot_table[0, :6].tolist() == row[[0, 1, 2, 3, 4, 5]].tolist()
     assert meta.slot_table[1, :6].tolist() == row[[0, 1, 2, 3, 7, 8]].tolist()
+
+
+def test_triton_backend_draft_extend_layout_eager_and_graph_replay():
+    """Draft-extend (the MTP layer over each request's verified window) eagerly and as a graph replay.
+
+    A replay hands the backend SGLang's view of the runner's static buffers: whole-capacity
+    req_pool_indices and seq_lens, no positions, the batch padded to a captured size. Its real rows
+    must be laid out as the eager pass lays them out; padded rows see key 0 only."""
+    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
+    backend = _triton_backend(req_to_token)
+    backend.init_cuda_graph_state(max_bs=4, max_num_tokens=16)
+    window = SimpleNamespace(num_tokens_per_req=4)
+    # Windows of 4 after 10 and 70 cached tokens: seq_lens counts the window, positions do not.
+    eager = SimpleNamespace(
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=2, seq_lens=torch.tensor([14, 74]),
+        seq_lens_cpu=torch.tensor([14, 74]), req_pool_indices=torch.tensor([3, 1]),
+        positions=torch.tensor([10, 11, 12, 13, 70, 71, 72, 73]), spec_info=window,
+    )
+    backend.init_forward_metadata(eager)
+    want = backend.forward_metadata
+    assert want.key_limit.tolist() == (eager.positions + 1).tolist()
+    assert want.query_req.tolist() == [3] * 4 + [1] * 4 and want.query_batch.tolist() == [0] * 4 + [1] * 4
+
+    replay = SimpleNamespace(
+        forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=3, seq_lens=torch.tensor([14, 74, 1, 1]),
+        req_pool_indices=torch.tensor([3, 1, 0, 0]), spec_info=window,
+    )
+    backend.init_forward_metadata_out_graph(replay)
+    got = backend.forward_metadata
+    assert got.key_limit.data_ptr() == backend.graph_metadata.key_limit.data_ptr()
+    assert got.key_limit.tolist() == want.key_limit.tolist() + [1] * 4
+    assert got.query_req.tolist() == want.query_req.tolist() + [0] * 4
+    assert got.page_table.shape[0] == 3 and got.page_table[:2, :2].tolist() == want.page_table[:, :2].tolist()
+
+    widened = SimpleNamespace(**{**vars(eager), "positions": torch.arange(10)})
+    with pytest.raises(ValueError, match="fixed windows only"):
+        backend.init_forward_metadata(widened)
+
+
+def test_draft_extend_graph_hook_acts_for_the_plugin_backend_only():
+    from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
+
+    plugin_backend = _triton_backend(torch.zeros(2, 64, dtype=torch.int32))
+    captured = []
+
+    class Runner:
+        def __init__(self, worker):
+            captured.append(worker)
+
+    def worker(backend):
+        return SimpleNamespace(cuda_graph_runner_for_draft_extend=None, draft_extend_attn_backend=backend,
+                               _specialized_graph_time_usage={})
+
+    with mock.patch("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner",
+                    Runner), \
+            mock.patch("sglang.srt.model_executor.cuda_graph_config.check_cuda_graph_backend", return_value=False):
+        other = worker(object())
+        sglang_patches._capture_draft_extend_graph(None, other)
+        assert other.cuda_graph_runner_for_draft_extend is None and not captured
+        ours = worker(plugin_backend)
+        sglang_patches._capture_draft_extend_graph(None, ours)
+        assert isinstance(ours.cuda_graph_runner_for_draft_extend, Runner) and captured == [ours]
+        assert "draft_extend" in ours._specialized_graph_time_usage
+    assert isinstance(plugin_backend, TritonDSABackend) and TritonDSABackend.needs_cpu_seq_lens is False
+
+
+def test_sglang_in_tree_mtp_seed_is_off_for_the_plugin_draft_only():
+    from sglang_glm.models.glm_dsa_nextn import GlmMoeDsaForCausalLMNextN
+
+    def worker(model):
+        return SimpleNamespace(draft_runner=SimpleNamespace(model=model), index_share_for_mtp_iteration=True,
+                               seed_dsa_topk_from_draft_extend=True, dsa_seed_topk_width=2048)
+
+    ours = worker(object.__new__(GlmMoeDsaForCausalLMNextN))
+    sglang_patches._plugin_draft_shares_its_own_topk(None, ours)
+    assert not ours.seed_dsa_topk_from_draft_extend and not ours.index_share_for_mtp_iteration
+    other = worker(object())
+    sglang_patches._plugin_draft_shares_its_own_topk(None, other)
+    assert other.seed_dsa_topk_from_draft_extend and other.dsa_seed_topk_width == 2048

@@ -48,6 +48,10 @@ class TritonDSAMetadata:
 
 
 class TritonDSABackend(AttentionBackend, DsaIndexBackend):
+    # Layouts come from device tensors only: speculative rounds need no host copy of seq_lens, so
+    # SGLang's overlap scheduler skips publishing one (a wait on the last verify) every round.
+    needs_cpu_seq_lens = False
+
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
         self.page = model_runner.page_size
@@ -61,6 +65,8 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.token_to_kv_pool.check_served_by(TRITON_BACKEND)
         self.max_pages = -(-self.req_to_token.shape[1] // self.page)
+        # SGLang sizes a speculative round's verify mask by it when no host seq_lens are published
+        self.max_context_len = model_runner.model_config.context_len
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         # Hopper runs 64-head sparse MLA on BF16 KV in the warp-specialized Gluon kernel
         self.warp_specialized = warp_specialized_available(self.device)
@@ -106,14 +112,18 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         draft_step i: EAGLE draft step i + 1 (steps share one batch): each query sits after its
         request's seq_lens keys and i earlier draft tokens of its branch; with branches > 1 (a
         tree) branch j's drafts live at req_to_token[b, seq_len + j * num_steps + (0..i)].
+
+        A draft-extend graph replay passes SGLang's view of its static buffers: whole-capacity
+        req_pool_indices / seq_lens (the first batch_size rows count) and no positions.
         """
-        num_tokens, bs = forward_batch.positions.shape[0], forward_batch.batch_size
-        req = forward_batch.req_pool_indices
-        mode = forward_batch.forward_mode
+        bs, mode = forward_batch.batch_size, forward_batch.forward_mode
+        req, seq_lens = forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs]
+        window = self._draft_extend_window(forward_batch) if mode.is_draft_extend_v2() else None
+        num_tokens = bs * window if window is not None else forward_batch.positions.shape[0]
         token = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
         if num_tokens == 0:
             query_batch = token
-        elif mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2():
+        elif mode.is_decode_or_idle() or mode.is_target_verify() or window is not None:
             # A fixed number of query tokens per request (1, eagle top-k, or the draft tokens).
             query_batch = token // (num_tokens // bs)
         else:
@@ -125,17 +135,21 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         tree_mask = draft_start = None
         slot_table, query_req = self.req_to_token, req[rows].to(torch.int32)
         if draft_step is not None:
-            key_limit = forward_batch.seq_lens[rows] + draft_step + 1
+            key_limit = seq_lens[rows] + draft_step + 1
             if branches > 1:
-                slot_table = self._branch_slots(forward_batch.seq_lens[rows], req[rows], token % branches, num_steps)
+                slot_table = self._branch_slots(seq_lens[rows], req[rows], token % branches, num_steps)
                 query_req = query_batch = token
         elif mode.is_target_verify():
             # Verify token j of a request sees the prefix and draft slots 0..j (a tree: its ancestors).
             per_request = max(num_tokens // max(bs, 1), 1)
-            draft_start = forward_batch.seq_lens[rows]
+            draft_start = seq_lens[rows]
             key_limit = draft_start + token % per_request + 1
             if getattr(forward_batch.spec_info, "topk", 1) > 1:
-                tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, forward_batch.seq_lens, per_request)
+                tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, seq_lens, per_request)
+        elif window is not None:
+            # seq_lens counts the window, so window token j sits at seq_lens - window + j. Rows a graph
+            # replay pads (seq_lens = the fill value) see at least key 0, as padded decode rows do.
+            key_limit = (seq_lens[rows] - window + token % window + 1).clamp(min=1)
         else:
             key_limit = forward_batch.positions + 1
         # Each page's first slot: gather only those columns (whole req_to_token rows are the context length).
@@ -151,6 +165,19 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
             draft_start=None if draft_start is None else draft_start.to(torch.int32),
         )
         return meta if out is None else _into(out, meta)
+
+    @staticmethod
+    def _draft_extend_window(forward_batch) -> int:
+        """Tokens per request of a draft-extend pass (the verified window), checked against positions."""
+        window = forward_batch.spec_info.num_tokens_per_req
+        positions = getattr(forward_batch, "positions", None)  # absent from a graph replay's view
+        if positions is not None and positions.shape[0] != forward_batch.batch_size * window:
+            raise ValueError(
+                f"{TRITON_BACKEND}: draft-extend batch of {positions.shape[0]} tokens for "
+                f"{forward_batch.batch_size} requests x {window} draft tokens; the backend lays out "
+                "fixed windows only (SGLang's draft-extend front widening is not supported)"
+            )
+        return window
 
     def _branch_slots(self, prefix, req, branch, num_steps) -> torch.Tensor:
         """[rows, W] KV slots of each (request, branch) row: the prefix, then that branch's drafts."""
@@ -231,6 +258,8 @@ class TritonDSAMultiStepDraftBackend:
     drafts of its branch. A chain reads the request's req_to_token row; a tree (topk > 1, page
     size 1) gives each (request, branch) its own row of KV slots (`TritonDSABackend._branch_slots`).
     """
+
+    needs_cpu_seq_lens = False  # as TritonDSABackend
 
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
         if topk > 1 and model_runner.page_size != 1:

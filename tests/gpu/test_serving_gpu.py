@@ -108,20 +108,30 @@ SHARE_OFF = ("--json-model-override-args", '{"index_share_for_mtp_iteration": fa
     [
         ("mtp_chain_share_on", CHAIN),
         ("mtp_chain_share_off", CHAIN + SHARE_OFF),
+        ("mtp_chain_no_overlap", CHAIN + ("--disable-overlap-schedule",)),
         ("mtp_tree_share_on", TREE),
         ("mtp_tree_share_off", TREE + SHARE_OFF),
         ("mtp_tree_torch", TREE + ("--attention-backend", "glm_dsa_torch", "--disable-cuda-graph")),
     ],
 )
 def test_mtp_lossless_with_acceptance(models, name, args):
-    """EAGLE with the MTP layer (chains and trees; trees run with page size 1): verified tokens
-    agree with the reference, and acceptance is reported per request."""
-    with gpu_server(models["glm52"], name, *args) as url:
+    """EAGLE with the MTP layer (chains and trees; trees run with page size 1; SGLang's overlap
+    scheduler on, its default, and off): verified tokens agree with the reference, and acceptance
+    is reported per request, per draft position too (meta_info and Prometheus)."""
+    with gpu_server(models["glm52"], name, *args, "--enable-metrics") as url:
         got, result, outs = serve_and_judge(url, models["glm52"], name)
+        metrics = requests.get(url + "/metrics", timeout=30).text
     accept = [o["meta_info"].get("spec_accept_length") for o in outs]
-    record(name + "_acceptance", spec_accept_length=accept)
+    per_position = [o["meta_info"].get("spec_accept_per_position") for o in outs]
+    record(name + "_acceptance", spec_accept_length=accept, spec_accept_per_position=per_position)
     result.assert_agrees()
     assert all(a is not None and a >= 1.0 for a in accept), accept
+    steps = int(args[args.index("--speculative-num-steps") + 1])
+    for o, rates in zip(outs, per_position):
+        # position k is accepted in a round iff at least k drafts were (SGLang's histogram)
+        hist = o["meta_info"]["spec_correct_drafts_histogram"]
+        assert rates == [sum(hist[k:]) / sum(hist) for k in range(1, steps + 1)], (rates, hist)
+    assert "sglang_glm:spec_verify_rounds_total" in metrics
 
 
 def test_mtp_sampled_requests_are_served(models):

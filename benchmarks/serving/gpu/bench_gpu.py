@@ -21,6 +21,8 @@ Configs (the model directory's own plan is IndexCache on, one full layer in four
   fp8_kv          --kv-cache-dtype fp8_e4m3
   mtp_share_on    EAGLE through the MTP layer, 3 draft steps; draft steps 1+ reuse step 0's top-k
   mtp_share_off   the same with index_share_for_mtp_iteration false: every draft step runs the indexer
+  eagle_S_T       EAGLE with S draft steps, T = S + 1 tokens verified, the checkpoint's index share
+                  (S in 1, 2, 3, 5); eagle_3_4_no_overlap: SGLang's overlap scheduler off
 
 A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
 with its long-context pool; one with weights (a trained model) is served as is (outside the Triton
@@ -49,8 +51,14 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/serving: the CPU benchmark's 
 
 from bench_serving import run_bench_serving, server, write_dataset  # noqa: E402
 
-EAGLE = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+def eagle(steps: int) -> list[str]:
+    """An EAGLE chain through the MTP layer: `steps` draft steps, steps + 1 tokens verified."""
+    return ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(steps),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(steps + 1)]
+
+
+EAGLE = eagle(3)
+DRAFT_STEPS = (1, 2, 3, 5)  # the draft shapes issue 29 tables: 1/2, 2/3, 3/4, 5/6
 GPU_SERVER_ARGS = [
     "--dtype", "bfloat16",
     "--cuda-graph-max-bs-decode", "64", "--chunked-prefill-size", "16384",
@@ -79,6 +87,9 @@ def configs(n_layers: int) -> dict[str, list[str]]:
         "fp8_kv": ["--kv-cache-dtype", "fp8_e4m3"],
         "mtp_share_on": EAGLE + override(index_share_for_mtp_iteration=True),
         "mtp_share_off": EAGLE + override(index_share_for_mtp_iteration=False),
+        # the checkpoint's own index share; eagle_3_4 is mtp_share_on for a checkpoint that shares
+        **{f"eagle_{n}_{n + 1}": eagle(n) for n in DRAFT_STEPS},
+        "eagle_3_4_no_overlap": EAGLE + ["--disable-overlap-schedule"],
     }
 
 
@@ -103,6 +114,7 @@ WORKLOADS = {
     "decode_128k_b1": Workload(131072, 128, 1, 2, 25),
     "decode_128k_b8": Workload(131072, 128, 8, 8, 70),
     "text_b1": Workload(0, 256, 1, 4, 15, "text"),
+    "text_b8": Workload(0, 256, 8, 24, 15, "text"),
     "text_b32": Workload(0, 256, 32, 64, 20, "text"),
 }
 

@@ -1,30 +1,41 @@
-"""Where a decode step's time goes: a torch-profiler trace of a few decode steps of the served model at
-batch B and context L, summarised by kernel family.
+"""Where a decode step's time goes: a torch-profiler trace of a few forward steps of the served model
+at batch B and context L, summarised by kernel family, and for MTP servers by phase of the round.
 
-The server is bench_gpu.py's (same flags, same configs). B requests of L random token ids are sent at
-once, streamed; once every request has its first token (all prefills done, so each step decodes the
-whole batch) SGLang's `/start_profile` records `--steps` forward steps. The summary gives, per step: the
-wall span, the GPU busy time (union of kernel intervals), the idle remainder (host: scheduler, Python,
-launches), and the busy time split into kernel families, per layer where the family is per layer.
+The server is bench_gpu.py's (same flags, same configs). Per batch size B (one server, `--batch 1 8 32`):
+B requests of L tokens are sent at once, streamed; once every request has its first token (all
+prefills done, so each step decodes the whole batch) SGLang's `/start_profile` records `--steps`
+forward steps, then every request is aborted. The summary gives, per step: the wall span, the GPU busy
+time (union of kernel intervals), the idle remainder (host: scheduler, Python, launches), and the
+busy time split into kernel families. An MTP server's step is a speculative round; `spec_round`
+splits it into draft steps, target verify, verify/accept ops and draft-extend (SGLang's profiler
+spans), each with its GPU time, graph replays and eager launches, and the round's idle GPU time.
 
     python benchmarks/serving/gpu/profile_decode.py --model /tmp/glm52 --out $OUT --batch 32 --context 131072
+    python benchmarks/serving/gpu/profile_decode.py --model assets/glm5-geometry-carry --out $OUT \
+        --config eagle_3_4 --text --context 512 --batch 1 8 32 --steps 24 --no-stack
     python benchmarks/serving/gpu/profile_decode.py --model /tmp/glm52 --out DIR --from-trace T.trace.json.gz
 
-`--from-trace` summarises a trace written earlier (same --batch/--context/--steps) without serving.
-Traces carry Python stacks: each kernel is attributed to the innermost plugin frame (`sglang_glm/...`)
-or, failing that, SGLang frame that launched it, and the host time of the scheduler's and the plugin's
-per-step functions is summed (stack tracing inflates host times). With CUDA graphs the model's kernels
-all come from the graph replay; `--eager` serves without graphs so they are attributed one by one.
+`--text` sends held-out text (a trained model then accepts drafts as in service); `--plugin DIR` serves
+a plugin installed there (a before/after pair in one run). `--from-trace` summarises a trace written
+earlier (same --batch/--context/--steps) without serving. Traces carry Python stacks unless
+`--no-stack` (stack tracing inflates host times: use it for round timings): each kernel is
+attributed to the innermost plugin frame (`sglang_glm/...`) or, failing that, SGLang frame that
+launched it, and the host time of the scheduler's and the plugin's per-step functions is summed.
+With CUDA graphs the model's kernels all come from the graph replay; `--eager` serves without
+graphs so they are attributed one by one.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import os
 import random
 import re
+import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -32,7 +43,7 @@ from pathlib import Path
 import requests
 
 from bench_gpu import configs, hardware, server_setup
-from bench_serving import server
+from bench_serving import HELDOUT, server
 
 # First match wins; names are the kernels' own (Triton function names, SGLang JIT and CUTLASS symbols).
 FAMILIES = [
@@ -110,6 +121,75 @@ def host_frames(events: list[dict], steps: int) -> list[dict]:
             for k, v in sorted(agg.items(), key=lambda kv: -kv[1][0])[:20]]
 
 
+# SGLang 0.5.23's profiler spans around a speculative round's phases (spec_utils.spec_stage_span);
+# verify runs between them, unannotated.
+SPEC_SPANS = ("draft", "draft_extend")
+GRAPH_LAUNCH = "cudaGraphLaunch"
+
+
+def spec_round_phases(events: list[dict], kernels: list[dict]) -> dict | None:
+    """Per speculative round: each phase's GPU time, graph replays and eager launches, and the idle rest.
+
+    A round runs from one `draft` span to the next on the scheduler thread. A kernel belongs to the
+    phase whose span holds its launch (the graph launch, under CUDA graphs); launches outside both
+    spans are the verify: its graph launches are the target-verify forward, its other launches the
+    accept bookkeeping (or the whole forward when the target runs eagerly).
+    """
+    spans = {name: sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                          if e.get("cat") == "user_annotation" and e.get("name") == name and "dur" in e)
+             for name in SPEC_SPANS}
+    if not spans["draft"]:
+        return None
+    starts = [s for s, _ in spans["draft"]]
+    launches = {e["args"]["correlation"]: e for e in events
+                if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+
+    def phase_of(launch: dict) -> str:
+        t = launch["ts"]
+        for name in SPEC_SPANS:
+            if any(s <= t <= e for s, e in spans[name]):
+                return "draft steps" if name == "draft" else "draft-extend"
+        return "target verify" if launch["name"] == GRAPH_LAUNCH else "verify/accept (eager ops)"
+
+    def round_of(t: float) -> int:
+        return bisect.bisect_right(starts, t) - 1
+
+    rounds = len(starts) - 1  # whole rounds: between consecutive draft spans
+    phases: dict[str, dict] = {}
+    for e in launches.values():
+        r = round_of(e["ts"])
+        if 0 <= r < rounds:
+            p = phases.setdefault(phase_of(e), {"gpu_us": 0.0, "kernels": 0, "graph_replays": 0, "eager_launches": 0})
+            if e["name"] == GRAPH_LAUNCH:
+                p["graph_replays"] += 1
+            elif "Launch" in e["name"]:
+                p["eager_launches"] += 1
+    for k in kernels:
+        launch = launches.get(k.get("args", {}).get("correlation"))
+        if launch is None or not 0 <= round_of(launch["ts"]) < rounds:
+            continue
+        p = phases.setdefault(phase_of(launch), {"gpu_us": 0.0, "kernels": 0, "graph_replays": 0, "eager_launches": 0})
+        p["gpu_us"] += k["dur"]
+        p["kernels"] += 1
+    wall = starts[-1] - starts[0]
+    busy = sum(p["gpu_us"] for p in phases.values())
+    host = {name: round(sum(e - s for s, e in spans[name] if starts[0] <= s < starts[-1]) / rounds, 1)
+            for name in SPEC_SPANS}
+    return {
+        "rounds": rounds,
+        "round_wall_us": round(wall / rounds, 1),
+        "gpu_kernel_us_per_round": round(busy / rounds, 1),
+        "gpu_idle_us_per_round": round((wall - busy) / rounds, 1),
+        "host_span_us_per_round": host,
+        "phases_per_round": {
+            name: {"gpu_us": round(v["gpu_us"] / rounds, 1), "kernels": round(v["kernels"] / rounds, 1),
+                   "graph_replays": round(v["graph_replays"] / rounds, 2),
+                   "eager_launches": round(v["eager_launches"] / rounds, 1)}
+            for name, v in sorted(phases.items(), key=lambda kv: -kv[1]["gpu_us"])
+        },
+    }
+
+
 def summarize(trace_path: Path, steps: int) -> dict:
     with gzip.open(trace_path, "rt") as f:
         trace = json.load(f)
@@ -165,6 +245,7 @@ def summarize(trace_path: Path, steps: int) -> dict:
         "top_kernels_us_per_step": [{"name": k, "us": per_step(v[0]), "launches": round(v[1] / steps, 1)}
                                     for k, v in sorted(names.items(), key=lambda kv: -kv[1][0])[:25]],
         **({"launched_from": attributed} if attributed else {}),
+        **({"spec_round": rounds} if (rounds := spec_round_phases(events, kernels)) else {}),
         "host_frames_us_per_step": host_frames(events, steps),
     }
 
@@ -178,68 +259,110 @@ def stream_request(url: str, ids: list[int], new_tokens: int, first: threading.E
                 first.set()
 
 
+def prompts_for(args, cfg: dict, batch: int) -> list[list[int]]:
+    """B prompts: random token ids of --context tokens, or (--text) held-out text, where drafts of
+    a trained model are accepted as in service."""
+    if args.text:
+        from transformers import AutoTokenizer
+
+        text = HELDOUT.read_text()
+        ids = AutoTokenizer.from_pretrained(str(args.model))(text)["input_ids"]
+        step = max(1, (len(ids) - args.context) // max(batch, 1))
+        return [ids[i * step: i * step + args.context] for i in range(batch)]
+    rng = random.Random(0)
+    return [[rng.randrange(2, cfg["vocab_size"]) for _ in range(args.context)] for _ in range(batch)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--config", default="indexcache")
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, nargs="+", default=[32], help="one trace per batch size, one server")
     ap.add_argument("--context", type=int, default=131072)
     ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--text", action="store_true", help="held-out text prompts instead of random token ids")
+    ap.add_argument("--no-stack", action="store_true",
+                    help="record without Python stacks: true host times, no per-frame attribution")
+    ap.add_argument("--plugin", type=Path, default=None, help="serve a plugin installed in this directory")
+    ap.add_argument("--label", default=None, help="names the output files (default: the config)")
     ap.add_argument("--timeout-s", type=float, default=400, help="give up waiting for the prefills after this")
     ap.add_argument("--from-trace", type=Path, default=None, help="summarise this trace instead of serving")
     ap.add_argument("--eager", action="store_true", help="serve with --disable-cuda-graph")
     args = ap.parse_args()
+    args.model, args.out = args.model.resolve(), args.out.resolve()
     cfg = json.loads((args.model / "config.json").read_text())
-    trace = args.from_trace or record_trace(args, cfg)
+    label = (args.label or args.config) + ("_eager" if args.eager else "")
+    # a timeout's SIGTERM unwinds the server's context (its process group stops) instead of orphaning it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{label}: terminated"))
+    if args.from_trace:
+        report(args, cfg, label, args.batch[0], args.from_trace)
+    else:
+        record_traces(args, cfg, label)
+
+
+def report(args, cfg: dict, label: str, batch: int, trace: Path) -> None:
+    """One trace's summary: OUT/profile_LABEL_bB_ctxL.json and a few lines on stdout."""
     summary = {"hardware": "from the trace's devices" if args.from_trace else hardware(), "config": args.config,
-               "cuda_graphs": not args.eager, "batch": args.batch,
-               "context": args.context, "num_hidden_layers": cfg["num_hidden_layers"],
-               "indexer_types": cfg.get("indexer_types"), "trace": trace.name, **summarize(trace, args.steps)}
+               "label": label, "cuda_graphs": not args.eager, "batch": batch, "context": args.context,
+               "prompts": "held-out text" if args.text else "random token ids", "with_stack": not args.no_stack,
+               "num_hidden_layers": cfg["num_hidden_layers"], "indexer_types": cfg.get("indexer_types"),
+               "trace": trace.name, **summarize(trace, args.steps)}
     args.out.mkdir(parents=True, exist_ok=True)
-    mode = "_eager" if args.eager else ""
-    (args.out / f"profile_{args.config}{mode}_b{args.batch}_ctx{args.context}.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: summary[k] for k in ("wall_us_per_step", "gpu_busy_us_per_step", "gpu_idle_us_per_step",
-                                              "kernel_launches_per_step")}), flush=True)
-    for fam, v in summary["families_us_per_step"].items():
-        print(f"  {fam:40s} {v['us']:9.1f} us/step  {v['launches']:6.1f} launches", flush=True)
+    (args.out / f"profile_{label}_b{batch}_ctx{args.context}.json").write_text(json.dumps(summary, indent=1))
+    print(f"[{label} batch {batch}] " + json.dumps({k: summary[k] for k in (
+        "wall_us_per_step", "gpu_busy_us_per_step", "gpu_idle_us_per_step", "kernel_launches_per_step")}), flush=True)
+    for phase, v in summary.get("spec_round", {}).get("phases_per_round", {}).items():
+        print(f"  {phase:28s} {v}", flush=True)
+    if "spec_round" in summary:
+        r = summary["spec_round"]
+        print(f"  round {r['round_wall_us']} us, GPU kernels {r['gpu_kernel_us_per_round']} us, "
+              f"idle {r['gpu_idle_us_per_round']} us, host spans {r['host_span_us_per_round']}", flush=True)
 
 
-def record_trace(args, cfg: dict) -> Path:
-    trace_dir = args.out / f"trace_{args.config}{'_eager' if args.eager else ''}"
-    trace_dir.mkdir(parents=True, exist_ok=True)
+def record_traces(args, cfg: dict, label: str) -> None:
+    """One server; per batch size B: B streamed requests, then `--steps` forward steps profiled once
+    every request decodes, summarised at once, then every request aborted before the next batch size."""
     _, extra, _ = server_setup(args.model, gpu=True)
-    os.environ["SGLANG_TORCH_PROFILER_DIR"] = str(trace_dir)
+    if args.plugin:  # its directory first, and servers started away from the working tree (bench_gpu.py)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(args.plugin.resolve()), os.environ.get("PYTHONPATH", "")])
     flags = [*configs(cfg["num_hidden_layers"])[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else [])]
-    rng = random.Random(0)
-    prompts = [[rng.randrange(2, cfg["vocab_size"]) for _ in range(args.context)] for _ in range(args.batch)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.chdir(args.out)
     t0 = time.time()
-    with server(args.model, flags, args.out / f"server_profile_{args.config}.log", args.batch) as (url, err):
+    with server(args.model, flags, args.out / f"server_profile_{label}.log", max(args.batch)) as (url, err):
         if err:
             raise SystemExit(f"server did not start: {err}")
-        firsts = [threading.Event() for _ in prompts]
-        for ids, ev in zip(prompts, firsts):  # 4096 new tokens: 20 s of decoding at batch 1 on the H200
-            threading.Thread(target=stream_request, args=(url, ids, 4096, ev), daemon=True).start()
-        shown = 0.0
-        while sum(e.is_set() for e in firsts) < args.batch:  # polled often: batch 1 decodes ~180 tokens/s
-            if time.time() - t0 > args.timeout_s:
-                raise SystemExit(f"only {sum(e.is_set() for e in firsts)}/{args.batch} prefills done in time")
-            if time.time() - shown > 10:
-                print(f"  prefilled {sum(e.is_set() for e in firsts)}/{args.batch} (t={time.time() - t0:.0f}s)", flush=True)
-                shown = time.time()
-            time.sleep(0.2)
-        time.sleep(0.5)
-        r = requests.post(f"{url}/start_profile", json={"num_steps": args.steps, "activities": ["CPU", "GPU"],
-                                                        "with_stack": True, "output_dir": str(trace_dir)}, timeout=60)
-        print(f"  profiling {args.steps} decode steps: {r.status_code} {r.text[:200]}", flush=True)
-        for _ in range(120):  # the trace is written when the steps are done
-            traces = sorted(trace_dir.glob("*.trace.json.gz"))
-            if traces and time.time() - traces[-1].stat().st_mtime > 3:
-                break
-            time.sleep(1)
-        else:
-            raise SystemExit("no trace written")
-    return traces[-1]
+        for batch in args.batch:
+            trace_dir = args.out / f"trace_{label}_b{batch}"
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            firsts = [threading.Event() for _ in range(batch)]
+            # decodes past the profile, within the model's context
+            new_tokens = min(4096, cfg.get("max_position_embeddings", 1 << 30) - args.context - 1)
+            for ids, ev in zip(prompts_for(args, cfg, batch), firsts):
+                threading.Thread(target=stream_request, args=(url, ids, new_tokens, ev), daemon=True).start()
+            shown = 0.0
+            while sum(e.is_set() for e in firsts) < batch:
+                if time.time() - t0 > args.timeout_s:
+                    raise SystemExit(f"only {sum(e.is_set() for e in firsts)}/{batch} prefills done in time")
+                if time.time() - shown > 10:
+                    print(f"  prefilled {sum(e.is_set() for e in firsts)}/{batch} (t={time.time() - t0:.0f}s)", flush=True)
+                    shown = time.time()
+                time.sleep(0.05)
+            time.sleep(0.5)
+            r = requests.post(f"{url}/start_profile", timeout=60, json={
+                "num_steps": args.steps, "activities": ["CPU", "GPU"], "with_stack": not args.no_stack,
+                "output_dir": str(trace_dir)})
+            print(f"  batch {batch}: profiling {args.steps} forward steps: {r.status_code} {r.text[:200]}", flush=True)
+            for _ in range(120):  # the trace is written when the steps are done
+                written = sorted(trace_dir.glob("*.trace.json.gz"))
+                if written and time.time() - written[-1].stat().st_mtime > 3:
+                    break
+                time.sleep(1)
+            else:
+                raise SystemExit("no trace written")
+            requests.post(f"{url}/abort_request", json={"abort_all": True}, timeout=60)
+            report(args, cfg, label, batch, written[-1])
 
 
 if __name__ == "__main__":

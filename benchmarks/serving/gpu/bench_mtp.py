@@ -1,0 +1,188 @@
+"""MTP speculative decoding against plain decode on one GPU, one run: draft shapes x batch sizes.
+
+Servers (bench_gpu.py's flags, a trained model with an MTP layer, held-out text so drafts are accepted
+as in service): `indexcache` (no speculation) and each `--configs` entry (default: EAGLE chains of
+1/2, 2/3, 3/4 and 5/6 draft steps / verified tokens, and 3/4 with the overlap scheduler off). They
+start together with small pools (start-up dominates a run), then are measured one at a time, each
+stopped after its workloads: bench_serving `text_b1`, `text_b8`, `text_b32` (256 new tokens, greedy;
+TPOT is the median over the workload's requests). Before the timings each server also generates
+greedy tokens for 8 held-out prompts in one batch; every MTP server's tokens are compared with the
+plain server's, and where they part the float64 reference's top-2 margin at that token is recorded
+(bfloat16 batches may part only at near ties).
+
+    python benchmarks/serving/gpu/bench_mtp.py --model /tmp/models/glm5-geometry-carry --out $OUT
+
+Writes, as each server is done, OUT/mtp_results.jsonl (one line per workload, bench_serving's
+numbers) and OUT/mtp_tokens.json; at the end OUT/mtp_speed.json (issue 29's format: EAGLE 3/1/4
+against plain per batch), OUT/mtp_shapes.json and OUT/mtp_shapes.md (every shape at every batch
+size). `--tables` rebuilds the last three from a mtp_results.jsonl (a run cut short keeps its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+from bench_gpu import KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
+from bench_serving import HELDOUT, server
+
+PLAIN = "indexcache"
+DEFAULT_CONFIGS = ["eagle_1_2", "eagle_2_3", "eagle_3_4", "eagle_5_6", "eagle_3_4_no_overlap"]
+HEADLINE = "eagle_3_4"  # issue 29's targets: EAGLE 3 steps / topk 1 / 4 draft tokens
+BATCHES = {"text_b1": 1, "text_b8": 8, "text_b32": 32}
+# Several servers share the GPU while they wait: small pools, graphs up to the largest batch.
+SHARED_GPU_ARGS = ["--mem-fraction-static", "0.08", "--max-total-tokens", "131072",
+                   "--cuda-graph-max-bs-decode", "32"]
+TOKEN_PROMPTS, TOKEN_NEW = 8, 128
+
+
+def serve_in_background(model: Path, flags: list[str], log: Path, ready: queue.Queue, done: threading.Event):
+    """Holds one server open until `done`; puts (url or None, error) on `ready` once it answers."""
+    with server(model, flags, log, 32, timeout=480) as (url, err):
+        ready.put((url, err))
+        if url:
+            done.wait()
+
+
+def greedy_tokens(url: str, prompts: list[str]) -> list[list[int]]:
+    params = {"temperature": 0, "max_new_tokens": TOKEN_NEW, "ignore_eos": True}
+    out = requests.post(f"{url}/generate", json={"text": prompts, "sampling_params": params}, timeout=600).json()
+    return [o["output_ids"] for o in out]
+
+
+def parting_margins(model: Path, prompts: list[str], plain: list[list[int]], other: list[list[int]]) -> list[dict]:
+    """Where two greedy continuations part: the float64 reference's top-2 logit margin there."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from sglang_glm_tools.reference import load_reference_model
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    ref = load_reference_model(model, dtype=torch.float64, device="cuda")
+    partings = []
+    for i, (prompt, a, b) in enumerate(zip(prompts, plain, other)):
+        j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if j is None:
+            continue
+        ids = torch.tensor([tok(prompt)["input_ids"] + a[:j]], device="cuda")
+        with torch.no_grad():
+            top2 = ref(ids).logits[0, -1].double().topk(2)
+        partings.append({"prompt": i, "token": j, "plain": a[j], "mtp": b[j],
+                         "reference_margin": round(float(top2.values[0] - top2.values[1]), 4)})
+    return partings
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True, help="a trained GLM-DSA checkpoint with its MTP layer")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
+    ap.add_argument("--workloads", nargs="+", default=list(BATCHES))
+    ap.add_argument("--tables", type=Path, default=None, help="only rebuild the tables from this mtp_results.jsonl")
+    args = ap.parse_args()
+    if args.tables:
+        write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent)
+        return
+    args.model, args.out = args.model.resolve(), args.out.resolve()
+    t0 = time.time()
+    n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
+    known = configs(n_layers)
+    _, extra, _ = server_setup(args.model, gpu=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.chdir(args.out)  # servers import the installed plugin, not a working tree's (bench_gpu.py)
+    meta = {"hardware": hardware(), "server_args": extra + SHARED_GPU_ARGS, "model_path": str(args.model)}
+    print(f"{meta['hardware']}; servers: {[PLAIN] + args.configs}", flush=True)
+
+    names = [PLAIN] + args.configs
+    ready = {n: queue.Queue() for n in names}
+    done = {n: threading.Event() for n in names}
+    threads = []
+    for n in names:  # later flags win: the shared-GPU pool over bench_gpu's whole-GPU one
+        flags = [*known[n], *extra, *SHARED_GPU_ARGS]
+        threads.append(threading.Thread(target=serve_in_background,
+                                        args=(args.model, flags, args.out / f"server_{n}.log", ready[n], done[n])))
+        threads[-1].start()
+    # a timeout's SIGTERM unwinds every server's context (their process groups stop), not orphans them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_mtp: terminated"))
+    try:
+        measure(args, names, ready, done, meta, t0)
+    finally:
+        for n in names:
+            done[n].set()
+        for t in threads:
+            t.join(timeout=60)
+    print(f"done in {time.time() - t0:.0f}s", flush=True)
+
+
+def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: float) -> None:
+    """Each server in turn: greedy tokens, then the workloads; stopped once measured."""
+    texts = [HELDOUT.read_text()[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
+    rows, tokens, token_report = [], {}, {}
+    results = args.out / "mtp_results.jsonl"
+    for n in names:
+        url, err = ready[n].get()
+        print(f"[{n}] up at t={time.time() - t0:.0f}s" if url else f"[{n}] not started: {err}", flush=True)
+        if not url:
+            continue
+        try:
+            tokens[n] = greedy_tokens(url, texts)
+            if n != PLAIN and PLAIN in tokens:
+                token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])),
+                                   "of": len(texts), "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
+                (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
+            for wname in args.workloads:
+                w = WORKLOADS[wname]
+                res = bench_serving(url, args.model, w, args.out / f"{n}_{wname}.json")
+                row = {"config": n, "workload": wname, "batch": w.batch, **{k: res.get(k) for k in KEEP},
+                       **server_info(url), "meta": meta}
+                rows.append(row)
+                with results.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(f"  {wname}: TPOT {row['median_tpot_ms']:.2f} ms, out {row['output_throughput']:.0f} tok/s, "
+                      f"accept {row['accept_length']}", flush=True)
+        finally:
+            done[n].set()
+            time.sleep(3)  # its process group stops before the next server is timed
+
+    if rows:
+        write_tables(rows, args.out)
+
+
+def write_tables(rows: list[dict], out: Path) -> None:
+    """mtp_speed.json (issue 29's headline shape), mtp_shapes.json/.md (every shape)."""
+    meta = rows[0]["meta"]
+    tpot = {(r["config"], r["batch"]): r for r in rows}
+    shapes = {}
+    for (name, batch), r in sorted(tpot.items()):
+        plain = tpot.get((PLAIN, batch))
+        if name == PLAIN or plain is None:
+            continue
+        shapes.setdefault(name, {})[str(batch)] = {
+            "plain_tpot_ms": plain["median_tpot_ms"], "mtp_tpot_ms": r["median_tpot_ms"],
+            "speedup": round(plain["median_tpot_ms"] / r["median_tpot_ms"], 3), "accept_length": r["accept_length"]}
+    head = {"hardware": meta["hardware"], "model": meta["model_path"], "shape": "EAGLE 3 steps / topk 1 / 4 draft tokens",
+            "batch": shapes.get(HEADLINE, {})}
+    (out / "mtp_speed.json").write_text(json.dumps(head, indent=1))
+    (out / "mtp_shapes.json").write_text(json.dumps({"hardware": meta["hardware"], "shapes": shapes}, indent=1))
+    batches = sorted({int(b) for s in shapes.values() for b in s})
+    lines = ["| config | " + " | ".join(f"batch {b}: speedup (accept)" for b in batches) + " |",
+             "|---|" + "---|" * len(batches)]
+    for name, per in shapes.items():
+        cells = [f"{per[str(b)]['speedup']:.2f}x ({per[str(b)]['accept_length'] or 0:.2f})" if str(b) in per else ""
+                 for b in batches]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    (out / "mtp_shapes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+if __name__ == "__main__":
+    main()
