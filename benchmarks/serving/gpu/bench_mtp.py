@@ -47,6 +47,7 @@ BATCHES = {"text_b1": 1, "text_b8": 8, "text_b32": 32}
 SHARED_GPU_ARGS = ["--mem-fraction-static", "0.08", "--max-total-tokens", "131072",
                    "--cuda-graph-max-bs-decode", "32"]
 TOKEN_PROMPTS, TOKEN_NEW = 8, 128
+COMPILE_PROBE = Path(__file__).resolve().parents[3] / "tests" / "gpu" / "compile_probe"  # a test-only plugin
 
 
 def serve_in_background(model: Path, flags: list[str], log: Path, ready: queue.Queue, done: threading.Event):
@@ -92,6 +93,9 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
     ap.add_argument("--workloads", nargs="+", default=list(BATCHES))
     ap.add_argument("--tables", type=Path, default=None, help="only rebuild the tables from this mtp_results.jsonl")
+    ap.add_argument("--compile-probe", action="store_true",
+                    help="servers log every Triton compile (tests/gpu/compile_probe); OUT/compiles_timed.json "
+                         "lists those that fell inside each server's timed workloads")
     args = ap.parse_args()
     if args.tables:
         write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent)
@@ -106,6 +110,9 @@ def main() -> None:
     meta = {"hardware": hardware(), "server_args": extra + SHARED_GPU_ARGS, "model_path": str(args.model)}
     print(f"{meta['hardware']}; servers: {[PLAIN] + args.configs}", flush=True)
 
+    if args.compile_probe:  # the servers inherit this environment
+        os.environ["GLM_COMPILE_PROBE_LOG"] = str(args.out / "compiles.jsonl")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(COMPILE_PROBE), os.environ.get("PYTHONPATH", "")])
     names = [PLAIN] + args.configs
     ready = {n: queue.Queue() for n in names}
     done = {n: threading.Event() for n in names}
@@ -130,7 +137,7 @@ def main() -> None:
 def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: float) -> None:
     """Each server in turn: greedy tokens, then the workloads; stopped once measured."""
     texts = [HELDOUT.read_text()[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
-    rows, tokens, token_report = [], {}, {}
+    rows, tokens, token_report, windows = [], {}, {}, {}
     results = args.out / "mtp_results.jsonl"
     urls = {}
     for n in names:
@@ -147,6 +154,7 @@ def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: flo
         url = urls[n]
         if not url:
             continue
+        timed_from = time.time()
         try:
             tokens[n] = greedy_tokens(url, texts)
             if n != PLAIN and PLAIN in tokens:
@@ -164,11 +172,19 @@ def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: flo
                 print(f"  {wname}: TPOT {row['median_tpot_ms']:.2f} ms, out {row['output_throughput']:.0f} tok/s, "
                       f"accept {row['accept_length']}", flush=True)
         finally:
+            windows[n] = (timed_from, time.time())
             done[n].set()
             time.sleep(3)  # its process group stops before the next server is timed
 
     if rows:
         write_tables(rows, args.out)
+    compiles = args.out / "compiles.jsonl"
+    if compiles.exists():  # servers are timed one at a time, so a compile in a window is that server's
+        seen = [json.loads(line) for line in compiles.read_text().splitlines()]
+        timed = {n: [c for c in seen if a <= c["time"] <= b] for n, (a, b) in windows.items()}
+        (args.out / "compiles_timed.json").write_text(json.dumps(
+            {n: {"count": len(c), "seconds": round(sum(x["seconds"] or 0 for x in c), 3),
+                 "kernels": sorted({x["kernel"] for x in c}), "variants": c[:50]} for n, c in timed.items()}, indent=1))
 
 
 def write_tables(rows: list[dict], out: Path) -> None:
