@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
@@ -120,51 +121,64 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         req, seq_lens = forward_batch.req_pool_indices[:bs], forward_batch.seq_lens[:bs]
         window = self._draft_extend_window(forward_batch) if mode.is_draft_extend_v2() else None
         num_tokens = bs * window if window is not None else forward_batch.positions.shape[0]
+        if num_tokens and branches == 1 and (mode.is_decode_or_idle() or mode.is_target_verify() or window):
+            meta = self._fixed_width_layout(forward_batch, req, seq_lens, num_tokens // bs, pages, out, draft_step, window)
+        else:
+            meta = self._ragged_layout(forward_batch, req, seq_lens, num_tokens, pages, draft_step, branches, num_steps)
+        return meta if out is None else _into(out, meta)
+
+    def _fixed_width_layout(self, forward_batch, req, seq_lens, per_request, pages, out, draft_step, window):
+        """A fixed number of query tokens per request (decode, target verify, chain draft steps,
+        draft-extend): `glm_dsa_kernels.batch_layout`, one launch straight into `out`'s buffers."""
+        tree_mask = None
+        if draft_step is not None:
+            layout_args = dict(offset=draft_step + 1)
+        elif forward_batch.forward_mode.is_target_verify():
+            # Verify token j of a request sees the prefix and draft slots 0..j (a tree: its ancestors).
+            layout_args = dict(offset=1, ramp=True, draft_start=True)
+            if getattr(forward_batch.spec_info, "topk", 1) > 1:
+                tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, seq_lens, per_request)
+        elif window is not None:
+            # seq_lens counts the window, so window token j sits at seq_lens - window + j. Rows a graph
+            # replay pads (seq_lens = the fill value) see at least key 0, as padded decode rows do.
+            layout_args = dict(offset=1 - window, ramp=True)
+        else:
+            layout_args = dict(positions=forward_batch.positions)
+        if self.req_to_token.is_cuda:
+            target = out and BatchLayout(out.query_req, out.query_batch, out.key_limit, out.page_table, out.draft_start)
+            layout = batch_layout(req, seq_lens, self.req_to_token, per_request, pages, self.page, out=target,
+                                  **layout_args)
+        else:  # the CPU plumbing tests
+            layout = batch_layout_ref(req, seq_lens, self.req_to_token, per_request, pages, self.page, **layout_args)
+        return TritonDSAMetadata(layout.query_req, layout.query_batch, layout.key_limit, layout.page_table,
+                                 self.req_to_token, tree_mask, layout.draft_start)
+
+    def _ragged_layout(self, forward_batch, req, seq_lens, num_tokens, pages, draft_step, branches, num_steps):
+        """Prefill and mixed batches (ragged extend lengths), idle batches and tree draft steps (a slot
+        row per branch), in plain tensor ops."""
+        bs = forward_batch.batch_size
         token = torch.arange(num_tokens, dtype=torch.int32, device=self.device)
         if num_tokens == 0:
             query_batch = token
-        elif mode.is_decode_or_idle() or mode.is_target_verify() or window is not None:
-            # A fixed number of query tokens per request (1, eagle top-k, or the draft tokens).
-            query_batch = token // (num_tokens // bs)
+        elif draft_step is not None:
+            query_batch = token // branches
         else:
             query_batch = torch.repeat_interleave(
                 torch.arange(bs, dtype=torch.int32, device=self.device),
                 forward_batch.extend_seq_lens, output_size=num_tokens,
             )
         rows = query_batch.long()
-        tree_mask = draft_start = None
         slot_table, query_req = self.req_to_token, req[rows].to(torch.int32)
         if draft_step is not None:
             key_limit = seq_lens[rows] + draft_step + 1
-            if branches > 1:
-                slot_table = self._branch_slots(seq_lens[rows], req[rows], token % branches, num_steps)
-                query_req = query_batch = token
-        elif mode.is_target_verify():
-            # Verify token j of a request sees the prefix and draft slots 0..j (a tree: its ancestors).
-            per_request = max(num_tokens // max(bs, 1), 1)
-            draft_start = seq_lens[rows]
-            key_limit = draft_start + token % per_request + 1
-            if getattr(forward_batch.spec_info, "topk", 1) > 1:
-                tree_mask = tree_mask_rows(forward_batch.spec_info.custom_mask, seq_lens, per_request)
-        elif window is not None:
-            # seq_lens counts the window, so window token j sits at seq_lens - window + j. Rows a graph
-            # replay pads (seq_lens = the fill value) see at least key 0, as padded decode rows do.
-            key_limit = (seq_lens[rows] - window + token % window + 1).clamp(min=1)
+            slot_table = self._branch_slots(seq_lens[rows], req[rows], token % branches, num_steps)
+            query_req = query_batch = token
         else:
             key_limit = forward_batch.positions + 1
         # Each page's first slot: gather only those columns (whole req_to_token rows are the context length).
         first_slots = slot_table[:, :: self.page]
         first_slots = first_slots[req.long(), :pages] if slot_table is self.req_to_token else first_slots[:, :pages]
-        meta = TritonDSAMetadata(
-            query_req=query_req,
-            query_batch=query_batch,
-            key_limit=key_limit.to(torch.int32),
-            page_table=first_slots // self.page,
-            slot_table=slot_table,
-            tree_mask=tree_mask,
-            draft_start=None if draft_start is None else draft_start.to(torch.int32),
-        )
-        return meta if out is None else _into(out, meta)
+        return TritonDSAMetadata(query_req, query_batch, key_limit.to(torch.int32), first_slots // self.page, slot_table)
 
     @staticmethod
     def _draft_extend_window(forward_batch) -> int:
@@ -298,7 +312,7 @@ def _into(out: TritonDSAMetadata, meta: TritonDSAMetadata) -> TritonDSAMetadata:
     def put(buffer, value):
         if value is None:
             return None
-        if buffer is value:  # SGLang's req_to_token: already static
+        if buffer is value or value.data_ptr() == buffer.data_ptr():  # req_to_token, or written in place
             return value
         view = buffer[tuple(slice(0, n) for n in value.shape)]
         view.copy_(value)

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
 from glm_dsa_kernels.sparse_mla import (
     SparseMLAConfig, default_config, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref, warp_specialized_available,
@@ -317,3 +318,37 @@ def test_compaction(device):
     accept = torch.tensor([3, 1, 2, 4], device=dev, dtype=torch.int32)
     out = torch.full((4, 2048), -7, device=dev, dtype=torch.int32)
     assert torch.equal(compact_topk_rows(rows, cu, accept, out=out), compact_topk_rows_ref(rows, cu, accept))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["decode", "verify", "draft_step", "draft_extend"])
+@pytest.mark.parametrize("page", [1, 64])
+def test_batch_layout(device, mode, page):
+    """One launch against the plain-torch layout, into poisoned graph buffers larger than the batch."""
+    dev = _dev(device)
+    torch.manual_seed(7 + len(mode) + page)
+    R, W, B = 9, 640, 5
+    req_to_token = torch.randperm(R * W, device=dev).to(torch.int32).view(R, W)
+    req = torch.randperm(R, device=dev)[:B]
+    n = {"decode": 1, "verify": 4, "draft_step": 1, "draft_extend": 4}[mode]
+    seq_lens = torch.randint(1, W - 8, (B,), device=dev)
+    seq_lens[-1] = 1  # a graph's padded row: seq_lens is the fill value
+    kw = {"decode": dict(positions=(seq_lens - 1).repeat_interleave(n)),
+          "verify": dict(offset=1, ramp=True, draft_start=True),
+          "draft_step": dict(offset=2),
+          "draft_extend": dict(offset=1 - n, ramp=True)}[mode]
+    pages = -(-W // page) if page == 64 else 37  # page size 1: a batch's width, not the table's
+    poison = -12345
+    out = BatchLayout(*(torch.full((32,), poison, dtype=torch.int32, device=dev) for _ in range(3)),
+                      torch.full((8, -(-W // page)), poison, dtype=torch.int32, device=dev),
+                      torch.full((32,), poison, dtype=torch.int32, device=dev))
+    got = batch_layout(req, seq_lens, req_to_token, n, pages, page, out=out, **kw)
+    want = batch_layout_ref(req, seq_lens, req_to_token, n, pages, page, **kw)
+    for name, g, w in zip(BatchLayout._fields, got, want):
+        assert (g is None) == (w is None), name
+        if w is not None:
+            assert torch.equal(g.cpu(), w.cpu()), name
+    assert got.key_limit.data_ptr() == out.key_limit.data_ptr() and got.page_table.shape == (B, pages)
+    assert (got.key_limit >= 1).all() and (out.key_limit[B * n:] == poison).all()
+    fresh = batch_layout(req, seq_lens, req_to_token, n, pages, page, **kw)
+    assert torch.equal(fresh.page_table.cpu(), want.page_table.cpu())
