@@ -1,6 +1,7 @@
 """One GPU run: check every glm_dsa_kernels kernel against float64 references, then time them
 against the roofline (both ceilings measured in this run) and against SGLang 0.5.23's Triton
-sparse-MLA kernels (imported from the installed SGLang).
+sparse-MLA kernels (imported from the installed SGLang) and, where `sgl-flash-mla` is installed,
+FlashMLA's SM90 sparse kernels (the `peers` section, issue 30; not yet run).
 
   pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   python3 benchmarks/kernels/bench_kernels.py --out-dir OUT   (launch shapes: sweep.py)
@@ -290,6 +291,85 @@ def mla_decode_tables(kv_bf16, kv_fp8, ceil):
     tab.show()
 
 
+# ------------------------------------------------------------------ peers: FlashMLA (issue 30)
+def flashmla_fp8_decode(q, kv_fp8, idx, scale, sched):
+    """FlashMLA's legacy (SM90) sparse decode over 656-byte FP8 rows in 64-token pages: the layout the
+    plugin stores, indices = pool rows (page * 64 + offset), -1 invalid."""
+    import flash_mla
+
+    k_cache = kv_fp8.view(-1, 64, 1, kv_fp8.shape[-1])
+    out, _ = flash_mla.flash_mla_with_kvcache(q[:, None], k_cache, None, None, 512, sched, softmax_scale=scale,
+                                              is_fp8_kvcache=True, indices=idx[:, None, :], use_legacy=True)
+    return out[:, 0]
+
+
+def flashmla_bf16_prefill(q, kv3_bf16, idx, scale):
+    import flash_mla
+
+    return flash_mla.flash_mla_sparse_fwd(q, kv3_bf16, idx[:, None, :], scale, 512, use_legacy=True)[0]
+
+
+def peer_tables(kv_bf16, kv_fp8, ceil):
+    """The plugin's dispatched sparse-MLA kernel against FlashMLA (sgl-flash-mla, SGLang's own Hopper
+    kernel) and SGLang's Triton kernel, same inputs, same timer; FlashMLA checked against the float64
+    reference first. Issue 30's kernel target: the plugin >= 0.95x the fastest per shape.
+
+    The wheel (9.9 MB, cp310-abi3, torch stable-ABI extensions) travels with the device call:
+        python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform manylinux2014_x86_64 -d .gpu/peers sgl-flash-mla==1.0.0          # here
+        python3 -m pip install -q --no-deps --target /tmp/site_peers .gpu/peers/*.whl  # on the H200
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("flash_mla") is None:
+        check("peer: flash_mla importable", False, "sgl-flash-mla is not installed (peer_tables' docstring says how)")
+        return
+    import flash_mla
+
+    from glm_dsa_kernels.sparse_mla import sparse_mla_bytes, sparse_mla_flops, sparse_mla_fwd, sparse_mla_fwd_ref
+
+    scale = 576**-0.5
+    kv3_bf16 = kv_bf16.view(-1, 1, 576)
+    for T, H in ((8, 64), (64, 128)):
+        q, idx = mla_inputs(kv_bf16, T, H, 2048, 29 + H)
+        idx[0, 1000:] = -1
+        ro, _ = sparse_mla_fwd_ref(q, kv_fp8, idx, scale)
+        got = flashmla_fp8_decode(q, kv_fp8, idx, scale, flash_mla.get_mla_metadata()[0])
+        check(f"peer: flashmla fp8 decode T={T} H={H}", rel_err(got, ro) < 2e-2, f"rel err {rel_err(got, ro):.2e}")
+        ro, _ = sparse_mla_fwd_ref(q, kv_bf16, idx, scale)
+        got = flashmla_bf16_prefill(q, kv3_bf16, idx, scale)
+        check(f"peer: flashmla bf16 sparse fwd T={T} H={H}", rel_err(got, ro) < 8e-3, f"rel err {rel_err(got, ro):.2e}")
+
+    def compare(tab, shape, q, idx, kv, peers, nb, fl, kv_fp8_rows):
+        for impl, cfg in mla_impls(q.shape[0], q.shape[1], 2048, kv_fp8_rows):
+            tab.time(shape, impl, lambda cfg=cfg: sparse_mla_fwd(q, kv, idx, scale, config=cfg), nb, fl)
+        for impl, fn in peers:
+            tab.time(shape, impl, fn, nb, fl)
+        rows = [r for r in tab.lines if r["shape"] == shape]
+        ours = min((r for r in rows if r["impl"].startswith("glm_dsa")), key=lambda r: r["us"], default=None)
+        best = min(rows, key=lambda r: r["us"], default=None)
+        if ours and best:
+            check(f"peer target {tab.tag} {shape}: plugin >= 0.95x fastest", best["us"] / ours["us"] >= 0.95,
+                  f"plugin {ours['us']:.1f} us, fastest {best['impl']} {best['us']:.1f} us ({best['us'] / ours['us']:.2f}x)")
+
+    tab = Table("peers: sparse MLA decode, FP8 KV (656-byte rows), top-k 2048", "peer fp8 decode", ceil)
+    for T, H in ((1, 64), (8, 64), (32, 64), (64, 64), (256, 64), (64, 128), (128, 128)):
+        q, idx = mla_inputs(kv_bf16, T, H, 2048, 31 + T + H)
+        sched = flash_mla.get_mla_metadata()[0]  # filled by its first call, reused for this shape
+        compare(tab, f"batch {T}, heads {H}", q, idx, kv_fp8,
+                [("flashmla flash_mla_with_kvcache (legacy, fp8)", lambda: flashmla_fp8_decode(q, kv_fp8, idx, scale, sched))],
+                sparse_mla_bytes(T, H, 2048, 656), sparse_mla_flops(T, H, 2048), True)
+    tab.show()
+
+    tab = Table("peers: sparse MLA prefill, BF16 KV, top-k 2048", "peer bf16 prefill", ceil)
+    for T, H in ((256, 64), (1024, 64), (4096, 64), (4096, 128)):
+        q, idx = mla_inputs(kv_bf16, T, H, 2048, 37 + T + H)
+        compare(tab, f"{T} queries, heads {H}", q, idx, kv_bf16,
+                [("flashmla flash_mla_sparse_fwd (legacy)", lambda: flashmla_bf16_prefill(q, kv3_bf16, idx, scale))],
+                sparse_mla_bytes(T, H, 2048, 1152), sparse_mla_flops(T, H, 2048), False)
+    tab.show()
+
+
 # ------------------------------------------------------------------ indexer
 def make_index_cache(B, keys_per_req, fmt="fp8"):
     from glm_dsa_kernels.indexer import quantize_index_k_fp8
@@ -529,7 +609,7 @@ def plot(json_path, png_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, default=HERE / "logs")
-    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,prefill-indexer,indexcache,sglang-prefill "
+    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,prefill-indexer,indexcache,peers,sglang-prefill "
                     "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)
     args = ap.parse_args()
@@ -556,7 +636,7 @@ def main():
     t0 = time.time()
     sections = [("check", lambda: correctness(kv_bf16, kv_fp8)), ("decode", lambda: mla_decode_tables(kv_bf16, kv_fp8, ceil)),
                 ("indexer", lambda: indexer_tables(ceil)), ("prefill-indexer", lambda: prefill_indexer_tables(ceil)),
-                ("indexcache", lambda: indexcache_tables(kv_fp8, ceil))]
+                ("indexcache", lambda: indexcache_tables(kv_fp8, ceil)), ("peers", lambda: peer_tables(kv_bf16, kv_fp8, ceil))]
     for name, run in sections:
         if name in skip:
             continue
