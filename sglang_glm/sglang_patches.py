@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Callable, NamedTuple
 from unittest import mock
 
@@ -139,8 +140,6 @@ def _capture_draft_extend_graph(result, worker, *args, **kwargs):
     # SGLang captures the draft-extend graph only for backends on a hard-coded isinstance list; the
     # plugin's Triton backend refills static buffers before each replay like those, so its
     # draft-extend pass (the MTP layer over the verified window, once per round) replays too.
-    import time
-
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
