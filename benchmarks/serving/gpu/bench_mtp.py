@@ -136,7 +136,8 @@ def main() -> None:
 
 def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: float) -> None:
     """Each server in turn: greedy tokens, then the workloads; stopped once measured."""
-    texts = [HELDOUT.read_text()[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
+    heldout = HELDOUT.read_text()
+    texts = [heldout[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
     rows, tokens, token_report, windows = [], {}, {}, {}
     results = args.out / "mtp_results.jsonl"
     urls = {}

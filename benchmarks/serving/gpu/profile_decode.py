@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import gzip
 import json
 import os
@@ -155,11 +156,12 @@ def spec_round_phases(events: list[dict], kernels: list[dict]) -> dict | None:
         return bisect.bisect_right(starts, t) - 1
 
     rounds = len(starts) - 1  # whole rounds: between consecutive draft spans
-    phases: dict[str, dict] = {}
+    phases: dict[str, dict] = collections.defaultdict(
+        lambda: {"gpu_us": 0.0, "kernels": 0, "graph_replays": 0, "eager_launches": 0})
     for e in launches.values():
         r = round_of(e["ts"])
         if 0 <= r < rounds:
-            p = phases.setdefault(phase_of(e), {"gpu_us": 0.0, "kernels": 0, "graph_replays": 0, "eager_launches": 0})
+            p = phases[phase_of(e)]
             if e["name"] == GRAPH_LAUNCH:
                 p["graph_replays"] += 1
             elif "Launch" in e["name"]:
@@ -168,7 +170,7 @@ def spec_round_phases(events: list[dict], kernels: list[dict]) -> dict | None:
         launch = launches.get(k.get("args", {}).get("correlation"))
         if launch is None or not 0 <= round_of(launch["ts"]) < rounds:
             continue
-        p = phases.setdefault(phase_of(launch), {"gpu_us": 0.0, "kernels": 0, "graph_replays": 0, "eager_launches": 0})
+        p = phases[phase_of(launch)]
         p["gpu_us"] += k["dur"]
         p["kernels"] += 1
     wall = starts[-1] - starts[0]
