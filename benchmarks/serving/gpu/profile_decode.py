@@ -35,6 +35,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -111,15 +112,15 @@ HOST_FRAMES = (r"scheduler\.py\(\d+\): (run_batch|process_batch_result|get_next_
                r"|model_runner\.py\(\d+\): forward$|cuda_graph_backend\.py\(\d+\): replay$|sglang_glm/")
 
 
-def host_frames(events: list[dict], steps: int) -> list[dict]:
+def host_frames(events: list[dict], steps: int, pattern: str = HOST_FRAMES) -> list[dict]:
     agg: dict[str, list] = {}
     for e in events:
-        if e.get("cat") == "python_function" and "dur" in e and re.search(HOST_FRAMES, e["name"]):
+        if e.get("cat") == "python_function" and "dur" in e and re.search(pattern, e["name"]):
             a = agg.setdefault(_short(e["name"]), [0.0, 0])
             a[0] += e["dur"]
             a[1] += 1
     return [{"frame": k, "us": round(v[0] / steps, 1), "calls": round(v[1] / steps, 1)}
-            for k, v in sorted(agg.items(), key=lambda kv: -kv[1][0])[:20]]
+            for k, v in sorted(agg.items(), key=lambda kv: -kv[1][0])[:40]]
 
 
 # SGLang 0.5.23's profiler spans around a speculative round's phases (spec_utils.spec_stage_span);
@@ -249,6 +250,8 @@ def summarize(trace_path: Path, steps: int) -> dict:
         **({"launched_from": attributed} if attributed else {}),
         **({"spec_round": rounds} if (rounds := spec_round_phases(events, kernels)) else {}),
         "host_frames_us_per_step": host_frames(events, steps),
+        # inclusive host time of every SGLang and plugin frame: where an eager (prefill) step's host time goes
+        "all_frames_us_per_step": host_frames(events, steps, r"sglang_glm/|sglang/") if len(kernels) else [],
     }
 
 
@@ -259,6 +262,24 @@ def stream_request(url: str, ids: list[int], new_tokens: int, first: threading.E
         for line in r.iter_lines():
             if line:
                 first.set()
+
+
+def warm_up(url: str, prompts: list[list[int]]) -> None:
+    """The same prefills once, unprofiled (first-use kernel builds stay out of the trace), then the
+    prefix cache emptied so that the profiled prefill computes every token again."""
+    def one(ids):
+        requests.post(f"{url}/generate", timeout=600, json={
+            "input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}).raise_for_status()
+    threads = [threading.Thread(target=one, args=(ids,)) for ids in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(30):
+        if requests.post(f"{url}/flush_cache", timeout=60).status_code == 200:
+            return
+        time.sleep(1)
+    raise SystemExit("the prefix cache did not flush")
 
 
 def prompts_for(args, cfg: dict, batch: int) -> list[list[int]]:
@@ -291,10 +312,15 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=400, help="give up waiting for the prefills after this")
     ap.add_argument("--from-trace", type=Path, default=None, help="summarise this trace instead of serving")
     ap.add_argument("--eager", action="store_true", help="serve with --disable-cuda-graph")
+    ap.add_argument("--prefill", action="store_true",
+                    help="profile the batch's prefill instead: the profile starts on an idle server, then the B "
+                         "requests arrive (use --steps 1: the first forward step is their prefill)")
+    ap.add_argument("--server-args", default="",
+                    help="appended to the config's server flags, one string: --server-args='--mem-fraction-static 0.08'")
     args = ap.parse_args()
     args.model, args.out = args.model.resolve(), args.out.resolve()
     cfg = json.loads((args.model / "config.json").read_text())
-    label = (args.label or args.config) + ("_eager" if args.eager else "")
+    label = (args.label or args.config) + ("_eager" if args.eager else "") + ("_prefill" if args.prefill else "")
     # a timeout's SIGTERM unwinds the server's context (its process group stops) instead of orphaning it
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(f"{label}: terminated"))
     if args.from_trace:
@@ -324,11 +350,13 @@ def report(args, cfg: dict, label: str, batch: int, trace: Path) -> None:
 
 def record_traces(args, cfg: dict, label: str) -> None:
     """One server; per batch size B: B streamed requests, then `--steps` forward steps profiled once
-    every request decodes, summarised at once, then every request aborted before the next batch size."""
+    every request decodes (with --prefill: from the moment they arrive), summarised at once, then every
+    request aborted before the next batch size."""
     _, extra, _ = server_setup(args.model, gpu=True)
     if args.plugin:  # its directory first, and servers started away from the working tree (bench_gpu.py)
         os.environ["PYTHONPATH"] = os.pathsep.join([str(args.plugin.resolve()), os.environ.get("PYTHONPATH", "")])
-    flags = [*configs(cfg["num_hidden_layers"])[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else [])]
+    flags = [*configs(cfg["num_hidden_layers"])[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else []),
+             *shlex.split(args.server_args)]
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)
     t0 = time.time()
@@ -341,7 +369,13 @@ def record_traces(args, cfg: dict, label: str) -> None:
             firsts = [threading.Event() for _ in range(batch)]
             # decodes past the profile, within the model's context
             new_tokens = min(4096, cfg.get("max_position_embeddings", 1 << 30) - args.context - 1)
-            for ids, ev in zip(prompts_for(args, cfg, batch), firsts):
+            profile = {"num_steps": args.steps, "activities": ["CPU", "GPU"], "with_stack": not args.no_stack,
+                       "output_dir": str(trace_dir)}
+            prompts = prompts_for(args, cfg, batch)
+            if args.prefill:  # the server is idle: the profiled steps start with the prefill of the arrivals
+                warm_up(url, prompts)
+                r = requests.post(f"{url}/start_profile", timeout=60, json=profile)
+            for ids, ev in zip(prompts, firsts):
                 threading.Thread(target=stream_request, args=(url, ids, new_tokens, ev), daemon=True).start()
             shown = 0.0
             while sum(e.is_set() for e in firsts) < batch:
@@ -351,10 +385,9 @@ def record_traces(args, cfg: dict, label: str) -> None:
                     print(f"  prefilled {sum(e.is_set() for e in firsts)}/{batch} (t={time.time() - t0:.0f}s)", flush=True)
                     shown = time.time()
                 time.sleep(0.05)
-            time.sleep(0.5)
-            r = requests.post(f"{url}/start_profile", timeout=60, json={
-                "num_steps": args.steps, "activities": ["CPU", "GPU"], "with_stack": not args.no_stack,
-                "output_dir": str(trace_dir)})
+            if not args.prefill:  # every request decodes: the profiled steps are decode steps of the batch
+                time.sleep(0.5)
+                r = requests.post(f"{url}/start_profile", timeout=60, json=profile)
             print(f"  batch {batch}: profiling {args.steps} forward steps: {r.status_code} {r.text[:200]}", flush=True)
             for _ in range(120):  # the trace is written when the steps are done
                 written = sorted(trace_dir.glob("*.trace.json.gz"))
