@@ -3,19 +3,21 @@
 Servers (bench_gpu.py's flags, a trained model with an MTP layer, held-out text so drafts are accepted
 as in service): `indexcache` (no speculation) and each `--configs` entry (default: EAGLE chains of
 1/2, 2/3, 3/4 and 5/6 draft steps / verified tokens, and 3/4 with the overlap scheduler off). They
-start together with small pools (start-up dominates a run), then are measured one at a time, each
-stopped after its workloads: bench_serving `text_b1`, `text_b8`, `text_b32` (256 new tokens, greedy;
-TPOT is the median over the workload's requests). Every server first runs every workload once,
-untimed and side by side, so that no kernel compiles inside a timed run (the first server timed in
-session 12's run paid first-use compiles the later ones found in Triton's disk cache: p99 TTFT 1.5 s
-against 0.2 s). Before the timings each server also generates
-greedy tokens for 8 held-out prompts in one batch; every MTP server's tokens are compared with the
-plain server's, and where they part the float64 reference's top-2 margin at that token is recorded
-(bfloat16 batches may part only at near ties).
+start together with small pools (start-up dominates a run) and stay up to the end: bench_serving
+`text_b1`, `text_b8`, `text_b32` (256 new tokens, greedy; bench_serving's TPOT and ITL are medians
+over a workload's requests; its ITL is per token, a streamed chunk's gap spread over its tokens).
+Every server first runs every workload once, untimed and side by side, so that no kernel compiles
+inside a timed run (the first server timed in session 12's run paid first-use compiles the later
+ones found in Triton's disk cache: p99 TTFT 1.5 s against 0.2 s). Each server then generates greedy
+tokens for 8 held-out prompts in one batch; every MTP server's tokens are compared with the plain
+server's, and where they part the float64 reference's top-2 margin at that token is recorded
+(bfloat16 batches may part only at near ties). Then `--repeats` timed rounds (default 3): every
+server in turn runs every workload, the order rotated each round; the tables give the median over
+the rounds and the range of the per-round speedups.
 
     python benchmarks/serving/gpu/bench_mtp.py --model /tmp/models/glm5-geometry-carry --out $OUT
 
-Writes, as each server is done, OUT/mtp_results.jsonl (one line per workload, bench_serving's
+Writes, as it goes, OUT/mtp_results.jsonl (one line per server, workload and round, bench_serving's
 numbers) and OUT/mtp_tokens.json; at the end OUT/mtp_speed.json (issue 29's format: EAGLE 3/1/4
 against plain per batch), OUT/mtp_shapes.json and OUT/mtp_shapes.md (every shape at every batch
 size). `--tables` rebuilds the last three from a mtp_results.jsonl (a run cut short keeps its rows).
@@ -96,6 +98,7 @@ def main() -> None:
     ap.add_argument("--compile-probe", action="store_true",
                     help="servers log every Triton compile (tests/gpu/compile_probe); OUT/compiles_timed.json "
                          "lists those that fell inside each server's timed workloads")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds of every workload on every server")
     args = ap.parse_args()
     if args.tables:
         write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent)
@@ -125,7 +128,7 @@ def main() -> None:
     # a timeout's SIGTERM unwinds every server's context (their process groups stop), not orphans them
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_mtp: terminated"))
     try:
-        measure(args, names, ready, done, meta, t0)
+        measure(args, names, ready, meta, t0)
     finally:
         for n in names:
             done[n].set()
@@ -134,82 +137,96 @@ def main() -> None:
     print(f"done in {time.time() - t0:.0f}s", flush=True)
 
 
-def measure(args, names: list[str], ready: dict, done: dict, meta: dict, t0: float) -> None:
-    """Each server in turn: greedy tokens, then the workloads; stopped once measured."""
+def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
+    """Greedy tokens of every server, then `--repeats` rounds of every workload on every server (one
+    at a time, the order rotated each round, so that drift over the run falls on every server alike)."""
     heldout = HELDOUT.read_text()
     texts = [heldout[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
-    rows, tokens, token_report, windows = [], {}, {}, {}
+    rows, tokens, token_report = [], {}, {}
+    windows: dict[str, list] = {n: [] for n in names}
     results = args.out / "mtp_results.jsonl"
     urls = {}
     for n in names:
         urls[n], err = ready[n].get()
         print(f"[{n}] up at t={time.time() - t0:.0f}s" if urls[n] else f"[{n}] not started: {err}", flush=True)
+    up = [n for n in names if urls[n]]
     # Every workload once on every server, side by side and untimed: kernel variants a workload's
     # batches need compile on first use (Triton's disk cache then serves every later process), and
     # a compile inside a timed run stalls it by up to ~1.5 s.
-    with ThreadPoolExecutor(len(urls)) as pool:
+    with ThreadPoolExecutor(len(up)) as pool:
         list(pool.map(lambda n: [bench_serving(urls[n], args.model, WORKLOADS[w], args.out / f"warmup_{n}_{w}.json")
-                                 for w in args.workloads] if urls[n] else None, names))
+                                 for w in args.workloads], up))
     print(f"warm-up done at t={time.time() - t0:.0f}s", flush=True)
-    for n in names:
-        url = urls[n]
-        if not url:
-            continue
-        timed_from = time.time()
-        try:
-            tokens[n] = greedy_tokens(url, texts)
-            if n != PLAIN and PLAIN in tokens:
-                token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])),
-                                   "of": len(texts), "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
-                (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
+    for n in up:
+        tokens[n] = greedy_tokens(urls[n], texts)
+    for n in up:
+        if n != PLAIN and PLAIN in tokens:
+            token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])),
+                               "of": len(texts), "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
+    (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
+    for r in range(args.repeats):
+        for n in up[r % len(up):] + up[: r % len(up)]:
+            timed_from = time.time()
             for wname in args.workloads:
                 w = WORKLOADS[wname]
-                res = bench_serving(url, args.model, w, args.out / f"{n}_{wname}.json")
-                row = {"config": n, "workload": wname, "batch": w.batch, **{k: res.get(k) for k in KEEP},
-                       **server_info(url), "meta": meta}
+                res = bench_serving(urls[n], args.model, w, args.out / f"{n}_{wname}_r{r}.json")
+                row = {"config": n, "workload": wname, "batch": w.batch, "repeat": r, **{k: res.get(k) for k in KEEP},
+                       **server_info(urls[n]), "meta": meta}
                 rows.append(row)
                 with results.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-                print(f"  {wname}: TPOT {row['median_tpot_ms']:.2f} ms, out {row['output_throughput']:.0f} tok/s, "
-                      f"accept {row['accept_length']}", flush=True)
-        finally:
-            windows[n] = (timed_from, time.time())
-            done[n].set()
-            time.sleep(3)  # its process group stops before the next server is timed
+                print(f"  [{n} repeat {r}] {wname}: TPOT {row['median_tpot_ms']:.2f} ms, ITL {row['median_itl_ms']:.2f} ms, "
+                      f"out {row['output_throughput']:.0f} tok/s, accept {row['accept_length']} (t={time.time() - t0:.0f}s)",
+                      flush=True)
+            windows[n].append((timed_from, time.time()))
 
     if rows:
         write_tables(rows, args.out)
     compiles = args.out / "compiles.jsonl"
     if compiles.exists():  # servers are timed one at a time, so a compile in a window is that server's
         seen = [json.loads(line) for line in compiles.read_text().splitlines()]
-        timed = {n: [c for c in seen if a <= c["time"] <= b] for n, (a, b) in windows.items()}
+        timed = {n: [c for c in seen if any(a <= c["time"] <= b for a, b in spans)] for n, spans in windows.items()}
         (args.out / "compiles_timed.json").write_text(json.dumps(
             {n: {"count": len(c), "seconds": round(sum(x["seconds"] or 0 for x in c), 3),
                  "kernels": sorted({x["kernel"] for x in c}), "variants": c[:50]} for n, c in timed.items()}, indent=1))
 
 
 def write_tables(rows: list[dict], out: Path) -> None:
-    """mtp_speed.json (issue 29's headline shape), mtp_shapes.json/.md (every shape)."""
+    """mtp_speed.json (issue 29's headline shape), mtp_shapes.json/.md (every shape): per config and
+    batch the median over repeats of bench_serving's median TPOT and ITL, the speedup the ratio of
+    the medians, with the lowest and highest per-repeat ratio beside it."""
     meta = rows[0]["meta"]
-    tpot = {(r["config"], r["batch"]): r for r in rows}
+    by: dict[tuple, list] = {}
+    for r in rows:
+        by.setdefault((r["config"], r["batch"]), []).append(r)
+
+    def med(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
     shapes = {}
-    for (name, batch), r in sorted(tpot.items()):
-        plain = tpot.get((PLAIN, batch))
+    for (name, batch), rs in sorted(by.items()):
+        plain = by.get((PLAIN, batch))
         if name == PLAIN or plain is None:
             continue
+        p_tpot, m_tpot = med([r["median_tpot_ms"] for r in plain]), med([r["median_tpot_ms"] for r in rs])
+        pairs = [a["median_tpot_ms"] / b["median_tpot_ms"] for a, b in zip(
+            sorted(plain, key=lambda r: r.get("repeat", 0)), sorted(rs, key=lambda r: r.get("repeat", 0)))]
         shapes.setdefault(name, {})[str(batch)] = {
-            "plain_tpot_ms": plain["median_tpot_ms"], "mtp_tpot_ms": r["median_tpot_ms"],
-            "speedup": round(plain["median_tpot_ms"] / r["median_tpot_ms"], 3), "accept_length": r["accept_length"]}
+            "plain_tpot_ms": p_tpot, "mtp_tpot_ms": m_tpot, "speedup": round(p_tpot / m_tpot, 3),
+            "speedup_range": [round(min(pairs), 3), round(max(pairs), 3)], "repeats": len(rs),
+            "plain_itl_ms": med([r["median_itl_ms"] for r in plain]), "mtp_itl_ms": med([r["median_itl_ms"] for r in rs]),
+            "accept_length": med([r["accept_length"] for r in rs])}
     head = {"hardware": meta["hardware"], "model": meta["model_path"], "shape": "EAGLE 3 steps / topk 1 / 4 draft tokens",
             "batch": shapes.get(HEADLINE, {})}
     (out / "mtp_speed.json").write_text(json.dumps(head, indent=1))
     (out / "mtp_shapes.json").write_text(json.dumps({"hardware": meta["hardware"], "shapes": shapes}, indent=1))
     batches = sorted({int(b) for s in shapes.values() for b in s})
-    lines = ["| config | " + " | ".join(f"batch {b}: speedup (accept)" for b in batches) + " |",
+    lines = ["| config | " + " | ".join(f"batch {b}: speedup [range] (accept)" for b in batches) + " |",
              "|---|" + "---|" * len(batches)]
     for name, per in shapes.items():
-        cells = [f"{per[str(b)]['speedup']:.2f}x ({per[str(b)]['accept_length'] or 0:.2f})" if str(b) in per else ""
-                 for b in batches]
+        cells = [f"{c['speedup']:.2f}x [{c['speedup_range'][0]:.2f}-{c['speedup_range'][1]:.2f}] "
+                 f"({c['accept_length'] or 0:.2f})" if (c := per.get(str(b))) else "" for b in batches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     (out / "mtp_shapes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

@@ -260,6 +260,9 @@ def stream_request(url: str, ids: list[int], new_tokens: int, first: threading.E
             "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}}
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=3600) as r:
         for line in r.iter_lines():
+            if line.startswith(b"data:") and b'"error"' in line:  # SGLang streams a refusal as an event
+                print(f"  request refused: {line[:300]!r}", flush=True)
+                return
             if line:
                 first.set()
 
@@ -367,8 +370,8 @@ def record_traces(args, cfg: dict, label: str) -> None:
             trace_dir = args.out / f"trace_{label}_b{batch}"
             trace_dir.mkdir(parents=True, exist_ok=True)
             firsts = [threading.Event() for _ in range(batch)]
-            # decodes past the profile, within the model's context
-            new_tokens = min(4096, cfg.get("max_position_embeddings", 1 << 30) - args.context - 1)
+            # decodes past the profile, within the model's context less a speculative round's draft tokens
+            new_tokens = min(4096, cfg.get("max_position_embeddings", 1 << 30) - args.context - 64)
             profile = {"num_steps": args.steps, "activities": ["CPU", "GPU"], "with_stack": not args.no_stack,
                        "output_dir": str(trace_dir)}
             prompts = prompts_for(args, cfg, batch)
