@@ -1,8 +1,9 @@
 """SGLang plugin entry point (`sglang.srt.plugins`): runs in every SGLang process.
 
 Registers the GLM-DSA model classes (replacing SGLang's built-in ones for the same architecture
-names), the plain-PyTorch DSA attention backend, and the SGLang patches in `sglang_patches` — all
-of it, or, on an SGLang it was not built for, none of it (`version_guard`).
+names), the plugin's DSA attention backends, its start-up warm-up (`warmup`), and the SGLang
+patches in `sglang_patches` — all of it, or, on an SGLang it was not built for, none of it
+(`version_guard`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _register_all(reg: version_guard.Registration) -> None:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import add_attention_backend_choices
 
-    from sglang_glm import sglang_patches
+    from sglang_glm import sglang_patches, warmup
     from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND
     from sglang_glm.attention.torch_dsa_backend import create_torch_dsa_backend
 
@@ -45,6 +46,7 @@ def _register_all(reg: version_guard.Registration) -> None:
     register_attention_backend(TRITON_BACKEND)(_create_triton_dsa_backend)
     add_attention_backend_choices(list(PLUGIN_BACKENDS))
     sglang_patches.apply(hooks)
+    warmup.register()
     reg.applied = [h.target for h in hooks]
 
 

@@ -4,7 +4,8 @@ Each patch goes through SGLang's own `HookRegistry` and says why in one line. Ev
 behaviour only for GLM-DSA models or the plugin's own attention backends, and passes everything
 else to SGLang untouched. On every platform: the DSA KV pool follows the attention backend;
 GLM-DSA requests that would crash SGLang's scheduler, get a 500 or a cut stream, or silently mean
-something else get a 400; GLM-DSA's server-arg defaults (CUDA: the plugin's Triton backend);
+something else get a 400; GLM-DSA's server-arg defaults (CUDA: the plugin's Triton backend and
+its prefill warm-up);
 prefill without CUDA graphs and the top-k buffer sized once for the plugin's backends; EAGLE's
 draft backends, the draft-extend CUDA graph, flag checks and per-position acceptance. Five
 apply only on the CPU path. `hooks()` lists them;
@@ -58,6 +59,11 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
         raise ValueError(problem)  # at launch: the kernels would stop the scheduler at its first forward
     if default_triton:
         declare_resolution(server_args, "sglang_glm", attention_backend=TRITON_BACKEND)
+    # Every prefill size class served once before the server reports ready (sglang_glm.warmup).
+    if not on_cpu_engine() and user.warmups is None:
+        from sglang_glm.warmup import NAME as PREFILL_WARMUP
+
+        declare_resolution(server_args, "sglang_glm", warmups=PREFILL_WARMUP)
     # The CPU cache keeps the model dtype (SGLang's DSA default picks a GPU cache dtype).
     if on_cpu_engine() and user_kv_dtype == "auto":
         declare_resolution(server_args, "sglang_glm", kv_cache_dtype="auto")

@@ -31,7 +31,8 @@ class BatchLayout(NamedTuple):
     draft_start: Optional[torch.Tensor]  # [T] int32, target verify only
 
 
-@triton.jit
+# Batch shapes vary every step: only the mode (the constexprs) selects a variant.
+@triton.jit(do_not_specialize=["stride_slots", "stride_pages", "n", "offset", "pages"])
 def _batch_layout_kernel(
     req_ptr, seq_lens_ptr, positions_ptr, req_to_token_ptr, stride_slots,
     query_req_ptr, query_batch_ptr, key_limit_ptr, draft_start_ptr, page_table_ptr, stride_pages,

@@ -127,7 +127,7 @@ def _key_block(k_ptr, pages_row, j0, n, BLOCK_N: tl.constexpr, K_FP8: tl.constex
     return k, scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_pb"])  # page-table width varies per batch
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
@@ -158,7 +158,7 @@ def _indexer_logits_kernel(
             tl.store(out_row + pos, score, mask=valid)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "stride_pb"])  # query count and page-table width vary per batch
 def _indexer_logits_blocked_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     T, stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
@@ -275,6 +275,8 @@ def indexer_topk(
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
     chunk = max(1, min(T, max_logits_bytes // (12 * width)))  # fp32 logits + top-k candidate keys and positions
+    if chunk < T:  # chunks start at multiples of 16 rows: int32 row slices keep their 64-byte alignment
+        chunk = max(16, chunk - chunk % 16)
     logits = torch.empty(chunk, width, dtype=torch.float32, device=q.device)
     for t0 in range(0, T, chunk):
         t1 = min(T, t0 + chunk)

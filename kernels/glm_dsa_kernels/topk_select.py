@@ -68,7 +68,7 @@ def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, 
     tl.store(bound_ptr + t, bound.to(tl.int32, bitcast=True))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])  # the row width varies per batch
 def _candidates_kernel(logits_ptr, key_limit_ptr, bound_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr,
                        stride_lt, stride_ct, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     c = tl.program_id(0)
@@ -116,7 +116,7 @@ def _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, leng
     return key, pos
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr, out_ptr,
                    stride_lt, stride_ct, stride_ot, topk, num_chunks,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):

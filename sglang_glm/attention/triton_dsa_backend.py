@@ -15,6 +15,8 @@ GLM-5.2 shapes only: 576-dim latent+rope rows, 512-dim values, 32 x 128 indexer 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -26,6 +28,7 @@ from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
 from glm_dsa_kernels.topk_select import topk_positions
+from glm_dsa_kernels.warmup import WarmUpShapes, warm_up
 from sglang_glm.attention.backends import TRITON_BACKEND, DsaIndexBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
 
@@ -33,7 +36,12 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
+logger = logging.getLogger(__name__)
+
 INDEX_PAGE = 64  # tokens per index-K page with SGLang's DSA page size
+# Launch shapes whose kernel variants this process has built (Triton keeps them per process):
+# the target and draft models and each draft step's backend need them once.
+_WARMED_UP: set = set()
 
 
 @dataclass
@@ -73,6 +81,33 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         self.warp_specialized = warp_specialized_available(self.device)
         self.forward_metadata: Optional[TritonDSAMetadata] = None
         self.graph_metadata: Optional[TritonDSAMetadata] = None
+        if self.device.type == "cuda":  # the CPU plumbing tests build it with no kernel to run
+            self._warm_up_kernels(model_runner)
+
+    def _warm_up_kernels(self, model_runner: "ModelRunner") -> None:
+        """Every kernel variant a served batch can select, built before the first request
+        (`glm_dsa_kernels.warmup`): eager prefill batches would otherwise build them in a request."""
+        from sglang.srt.runtime_context import get_parallel, get_spec
+
+        pool, hf_config = self.token_to_kv_pool, model_runner.model_config.hf_config
+        shapes = WarmUpShapes(
+            heads=hf_config.num_attention_heads // get_parallel().attn_tp_size, topk=hf_config.index_topk,
+            page=self.page, max_keys=self.max_pages * self.page, num_sms=self.num_sms,
+            warp_specialized=self.warp_specialized,
+            draft_tokens=(get_spec().speculative_num_draft_tokens or 0) if get_spec().speculative_algorithm else 0,
+        )
+        full_layer = pool.start_layer + next(i for i, b in enumerate(pool.index_k_buffer) if b is not None)
+        key = (shapes, pool.fp8, str(self.device))
+        if key in _WARMED_UP:
+            return
+        t0 = time.perf_counter()
+        launches = warm_up(shapes, pool.index_k_pages(full_layer, self.page), pool.mla_rows(full_layer),
+                           self.req_to_token)
+        torch.cuda.synchronize(self.device)
+        _WARMED_UP.add(key)
+        logger.info("%s: %d kernel launch configurations built or loaded in %.1f s (%s KV, contexts up to %d keys)",
+                    TRITON_BACKEND, launches, time.perf_counter() - t0, "FP8" if pool.fp8 else "BF16",
+                    shapes.max_keys)
 
     # ---- metadata -------------------------------------------------------------------------
 

@@ -1,10 +1,9 @@
 """No kernel compiles inside a request (issue 31): a fresh server's first 32K prompt, after start-up.
 
 A test-only SGLang plugin (tests/gpu/compile_probe) logs every Triton kernel variant a server
-process builds. After the server answers /health (start-up and SGLang's warm-up request done), one
-32K-token prompt is served; every variant built while it runs is a compile inside a user's request.
-Until the plugin compiles its variants at start-up this fails, so it is marked xfail(strict): the
-day it passes, the marker must go.
+process builds. After the server answers /health (start-up, the plugin's kernel warm-up in its
+backend and its prefill warm-up requests, SGLang's own warm-up request), one 32K-token prompt is
+served; every variant built while it runs is a compile inside a user's request.
 """
 
 import json
@@ -22,7 +21,6 @@ PROBE = Path(__file__).parent / "compile_probe"
 LONG = 32768
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31: kernel variants are not yet compiled at start-up")
 def test_first_long_prompt_compiles_nothing(models):
     path = make_model(models["glm52"].parent, "glm52_long_context", seed=3,
                       overrides={"max_position_embeddings": 2 * LONG})

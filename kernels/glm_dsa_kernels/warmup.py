@@ -1,0 +1,122 @@
+"""Every launch variant a served batch can select, built before the first request.
+
+Triton builds a kernel variant at its first launch with new constexprs or a new pointer alignment
+(0.1-2 s each; Triton's disk cache makes later processes load it in milliseconds). CUDA graphs
+build the decode-shaped variants while they capture, but prefill batches run eagerly, so a user's
+first long prompt used to pay for its variants inside the request. The launchers pick their
+constexprs from a few inputs only, so the variants are enumerable:
+
+- the indexer: `indexer.default_config(query count, queries per request)` (the query-blocked
+  prefill kernel at >= 64 queries per request, and the keys each program scores);
+- the top-k select: `MAX_CHUNKS`, the power of two above the row's width in top-k chunks, so one
+  variant per power of two up to the longest context;
+- sparse MLA: `sparse_mla.default_config(query count, heads, ...)` (top-k splits below one wave of
+  programs, and with them the merge kernel);
+- the batch layout: decode from positions, target verify, chain draft step, draft-extend window.
+
+Integers that only bound loops or masks (query counts, chunk counts, page-table strides) are left
+unspecialized in the kernels (`do_not_specialize`), so their values add no variants.
+`warm_up` launches one representative of each variant on zero-filled inputs read from the served
+KV pool's own buffers (same dtypes and layouts as a served forward; nothing is written to them).
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import indexer, sparse_mla
+from .batch_layout import batch_layout
+from .topk_select import topk_positions
+
+
+@dataclass(frozen=True)
+class WarmUpShapes:
+    """What selects a variant on a served model (one tensor-parallel rank)."""
+
+    heads: int  # attention heads of this rank
+    topk: int  # index_topk
+    page: int  # tokens per index-K page
+    max_keys: int  # the longest context a request can reach (the page table's width in keys)
+    num_sms: int
+    warp_specialized: bool  # sparse MLA may take the SM90 warp-specialized kernel
+    draft_tokens: int = 0  # MTP tokens verified per request per round (0: no speculative decoding)
+
+
+def indexer_variants(max_queries: int = 128) -> dict:
+    """{IndexerConfig: (queries, requests)}: one batch per indexer launch config. Decode-shaped
+    batches (one query per request) and prefill-shaped ones (all queries in one request); configs
+    stop changing at 128 queries (keys per program saturate at 32 query blocks)."""
+    variants = {}
+    for t in range(1, max_queries + 1):
+        for requests in (t, 1):
+            variants.setdefault(indexer.default_config(t, t // requests), (t, requests))
+    return variants
+
+
+def sparse_mla_variants(shapes: WarmUpShapes, kv_fp8: bool) -> dict:
+    """{SparseMLAConfig: queries}: splits stop changing above one wave (num_sms queries)."""
+    variants = {}
+    for t in range(1, shapes.num_sms + 2):
+        config = sparse_mla.default_config(t, shapes.heads, shapes.topk, kv_fp8, shapes.num_sms,
+                                           shapes.warp_specialized)
+        variants.setdefault(config, t)
+    return variants
+
+
+def topk_widths(max_keys: int, chunk: int) -> list[int]:
+    """A row width (keys) for each MAX_CHUNKS the top-k select can see, up to max_keys."""
+    widths, chunks = [], 1
+    while True:
+        widths.append(min(chunks * chunk, max_keys))
+        if chunks * chunk >= max_keys:
+            return widths
+        chunks *= 2
+
+
+def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.Tensor,
+            req_to_token: torch.Tensor) -> int:
+    """Launch every variant once on the served buffers' layouts; returns the number of launch
+    configurations (each one variant per kernel it runs).
+
+    index_k_cache: one full layer's index-K pages as the indexer reads them; mla_rows: one layer's
+    latent+rope rows; req_to_token: SGLang's request-to-token table (int32)."""
+    dev = mla_rows.device
+    launches = 0
+    pages = 2  # a small page table: the variants do not depend on its width (left unspecialized)
+
+    def zeros(*shape, dtype=torch.int32):
+        return torch.zeros(shape, dtype=dtype, device=dev)
+
+    configs = indexer_variants()
+    for config, (t, requests) in configs.items():
+        q = zeros(t, indexer.N_HEADS, indexer.HEAD_DIM, dtype=torch.bfloat16)
+        query_req = torch.arange(t, dtype=torch.int32, device=dev) // (t // requests)
+        key_limit = torch.full((t,), pages * shapes.page, dtype=torch.int32, device=dev)
+        indexer.indexer_topk(q, zeros(t, indexer.N_HEADS, dtype=torch.float32), index_k_cache,
+                             zeros(requests, pages), query_req, key_limit, shapes.topk, config=config)
+        launches += 1
+    for chunk, block, select_block, sample in {(c.topk_chunk, c.topk_block, c.topk_select_block, c.topk_sample)
+                                               for c in configs}:
+        for width in topk_widths(shapes.max_keys, chunk):
+            topk_positions(zeros(1, width, dtype=torch.float32), torch.full((1,), width, dtype=torch.int32, device=dev),
+                           shapes.topk, chunk=chunk, block=block, select_block=select_block, sample=sample)
+            launches += 1
+    for config, t in sparse_mla_variants(shapes, mla_rows.dtype == torch.uint8).items():
+        q = zeros(t, shapes.heads, sparse_mla.D_QK, dtype=torch.bfloat16)
+        sparse_mla.sparse_mla_fwd(q, mla_rows, zeros(t, shapes.topk), 1.0, config=config)
+        launches += 1
+    req, seq_lens = zeros(1), torch.ones(1, dtype=torch.int32, device=dev)
+    n = max(shapes.draft_tokens, 1)
+    layouts = [dict(per_request=1, positions=zeros(1))]  # decode
+    if shapes.draft_tokens:
+        layouts += [dict(per_request=n, offset=1, ramp=True, draft_start=True),  # target verify
+                    dict(per_request=1, offset=1),  # a chain draft step
+                    dict(per_request=n, offset=1 - n, ramp=True)]  # draft-extend over the verified window
+    for layout in layouts:
+        batch_layout(req, seq_lens, req_to_token, pages=pages, page=shapes.page, **layout)
+        launches += 1
+    return launches
+
+
+__all__ = ["WarmUpShapes", "indexer_variants", "sparse_mla_variants", "topk_widths", "warm_up"]
