@@ -75,7 +75,7 @@ def test_no_variant_built_after_warm_up(kv_fp8):
     pages = max_keys // page
     k_cache = torch.zeros(pages, page, indexer.HEAD_DIM, dtype=torch.bfloat16, device=dev)
     if kv_fp8:
-        k_cache = indexer.quantize_index_k_fp8(k_cache.view(-1, indexer.HEAD_DIM)).view(pages, -1)
+        k_cache = indexer.quantize_index_k_fp8(k_cache)
     rows = torch.zeros(4096, sparse_mla.D_QK, dtype=torch.bfloat16, device=dev)
     rows = sparse_mla.quantize_kv_fp8(rows) if kv_fp8 else rows
     req_to_token = torch.arange(max_keys, dtype=torch.int32, device=dev).repeat(4, 1)
