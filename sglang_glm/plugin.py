@@ -2,7 +2,7 @@
 
 Registers the GLM-DSA model classes (replacing SGLang's built-in ones for the same architecture
 names), the plugin's DSA attention backends, its start-up warm-up (`warmup`), and the SGLang
-patches in `sglang_patches` — all of it, or, on an SGLang it was not built for, none of it
+patches in `sglang_glm.hooks` — all of it, or, on an SGLang it was not built for, none of it
 (`version_guard`).
 """
 
@@ -33,11 +33,11 @@ def _register_all(reg: version_guard.Registration) -> None:
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.server_args import add_attention_backend_choices
 
-    from sglang_glm import sglang_patches, warmup
+    from sglang_glm import hooks as plugin_hooks, warmup
     from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND
     from sglang_glm.attention.torch_dsa_backend import create_torch_dsa_backend
 
-    hooks = sglang_patches.hooks()
+    hooks = plugin_hooks.hooks()
     reg.problems += [p for p in map(version_guard.missing_target, (h.target for h in hooks)) if p]
     if reg.problems:
         return
@@ -45,7 +45,7 @@ def _register_all(reg: version_guard.Registration) -> None:
     register_attention_backend(TORCH_BACKEND)(create_torch_dsa_backend)
     register_attention_backend(TRITON_BACKEND)(_create_triton_dsa_backend)
     add_attention_backend_choices(list(PLUGIN_BACKENDS))
-    sglang_patches.apply(hooks)
+    plugin_hooks.apply(hooks)
     warmup.register()
     reg.applied = [h.target for h in hooks]
 

@@ -42,7 +42,7 @@ class TopkBuffer:
                 f"a forward of {num_tokens} tokens does not fit the top-k buffer "
                 f"({self.capacity} rows{'' if self._storage is not None else ', never allocated'}); "
                 "it is sized when SGLang initialises the model runner's attention backends "
-                "(sglang_glm.sglang_patches) from the prefill budget and the request slots"
+                "(sglang_glm.hooks.memory) from the prefill budget and the request slots"
             )
         self.num_tokens = num_tokens
         self.source_layer = None

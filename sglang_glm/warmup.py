@@ -5,7 +5,7 @@ SGLang's Triton kernels on the prefill path (fused MoE, KV-slot allocation, copi
 configs by the batch's token count and specialize integers on divisibility by 16, so a user's first
 prompt of a new size class would build them inside the request. SGLang runs the `--warmups` it is
 given during server start-up, before the server reports ready; GLM-DSA servers on CUDA get this
-one by default (`sglang_patches`), and `--warmups` replaces it like any default.
+one by default (`sglang_glm.hooks.launch`), and `--warmups` replaces it like any default.
 """
 
 from __future__ import annotations

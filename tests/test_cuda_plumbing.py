@@ -11,7 +11,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from transformers import GlmMoeDsaConfig
 
-from sglang_glm import sglang_patches
+from sglang_glm.hooks import memory, speculative
 from sglang_glm.attention.kv_pool import TorchDSAKVPool
 from sglang_glm.models import glm_dsa
 from sglang_glm.settings import GLM_INDEXER, SGLANG_INDEXER, GlmDsaSettings
@@ -63,11 +63,11 @@ def test_kv_pool_follows_the_attention_backend():
 
     for backends in [("glm_dsa_torch",) * 2, ("glm_dsa_triton",) * 2]:
         with mock.patch(BACKENDS, return_value=backends):
-            assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is TorchDSAKVPool
+            assert memory._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is TorchDSAKVPool
     with mock.patch(BACKENDS, return_value=("dsa", "dsa")):
-        assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is object
+        assert memory._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is object
     with mock.patch(BACKENDS, return_value=("glm_dsa_torch",) * 2):
-        assert sglang_patches._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
+        assert memory._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
 
 
 def test_triton_geometry_is_the_kernels_and_glm5s():
@@ -255,10 +255,10 @@ def test_draft_extend_graph_hook_acts_for_the_plugin_backend_only():
                     Runner), \
             mock.patch("sglang.srt.model_executor.cuda_graph_config.check_cuda_graph_backend", return_value=False):
         other = worker(object())
-        sglang_patches._capture_draft_extend_graph(None, other)
+        speculative._capture_draft_extend_graph(None, other)
         assert other.cuda_graph_runner_for_draft_extend is None and not captured
         ours = worker(plugin_backend)
-        sglang_patches._capture_draft_extend_graph(None, ours)
+        speculative._capture_draft_extend_graph(None, ours)
         assert isinstance(ours.cuda_graph_runner_for_draft_extend, Runner) and captured == [ours]
         assert "draft_extend" in ours._specialized_graph_time_usage
     assert isinstance(plugin_backend, TritonDSABackend) and TritonDSABackend.needs_cpu_seq_lens is False
@@ -272,8 +272,8 @@ def test_sglang_in_tree_mtp_seed_is_off_for_the_plugin_draft_only():
                                seed_dsa_topk_from_draft_extend=True, dsa_seed_topk_width=2048)
 
     ours = worker(object.__new__(GlmMoeDsaForCausalLMNextN))
-    sglang_patches._plugin_draft_shares_its_own_topk(None, ours)
+    speculative._plugin_draft_shares_its_own_topk(None, ours)
     assert not ours.seed_dsa_topk_from_draft_extend and not ours.index_share_for_mtp_iteration
     other = worker(object())
-    sglang_patches._plugin_draft_shares_its_own_topk(None, other)
+    speculative._plugin_draft_shares_its_own_topk(None, other)
     assert other.seed_dsa_topk_from_draft_extend and other.dsa_seed_topk_width == 2048

@@ -148,7 +148,8 @@ def test_sglang_sizes_the_pool_by_the_index_keys_it_allocates(geometry, dtype, s
 
     from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator
 
-    from sglang_glm import sglang_patches
+    from sglang_glm import hooks
+    from sglang_glm.hooks import memory
 
     plan = ["shared" if s else "full" for s in skip]
     hf_config = SimpleNamespace(architectures=["GlmMoeDsaForCausalLM"], indexer_types=plan, index_topk=64,
@@ -160,9 +161,9 @@ def test_sglang_sizes_the_pool_by_the_index_keys_it_allocates(geometry, dtype, s
     want = allocated // (pool.size + pool.page_size)
 
     target = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size"
-    assert any(h.target == target and h.fn is sglang_patches._plugin_index_k_cell_size for h in sglang_patches.hooks())
+    assert any(h.target == target and h.fn is memory._plugin_index_k_cell_size for h in hooks.hooks())
     with mock.patch("sglang.srt.runtime_context.attention_backends", return_value=("glm_dsa_triton",) * 2):
-        got = sglang_patches._plugin_index_k_cell_size(
+        got = memory._plugin_index_k_cell_size(
             DefaultPoolConfigurator._compute_dsa_indexer_cell_size, None, kvc=kvc, num_layers=len(skip),
             allocate_all_layers=draft)
     assert got == want

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from sglang_glm import plugin, sglang_patches, version_guard
+from sglang_glm import hooks, plugin, version_guard
 from sglang_glm_tools.checkpoint import make_tiny_checkpoint
 from serving import failed_launch
 
@@ -51,7 +51,7 @@ def test_supported_version_applies_everything(clean_registries):
     plugin.register()
     reg = plugin.REGISTRATION
     assert reg.intact and reg.sglang_version == "0.5.23"
-    assert reg.applied == [h.target for h in sglang_patches.hooks()]
+    assert reg.applied == [h.target for h in hooks.hooks()]
     assert set(hook_registry._hooks) == set(reg.applied)
     for arch in GLM_DSA:
         assert model_registry.models[arch].__module__.startswith("sglang_glm.models.")
@@ -73,9 +73,9 @@ def test_wrong_sglang_version_applies_nothing(clean_registries, monkeypatch):
 def test_missing_hook_target_applies_nothing(clean_registries, monkeypatch):
     model_registry, hook_registry = clean_registries
     gone = "sglang.srt.managers.tokenizer_manager.TokenizerManager._renamed_in_a_later_sglang"
-    real_hooks = sglang_patches.hooks
-    monkeypatch.setattr(sglang_patches, "hooks",
-                        lambda: [*real_hooks(), sglang_patches.Hook(gone, print, "AFTER")])
+    real_hooks = hooks.hooks
+    monkeypatch.setattr(hooks, "hooks",
+                        lambda: [*real_hooks(), hooks.Hook(gone, print, "AFTER")])
     plugin.register()
     assert not plugin.REGISTRATION.intact
     assert set(hook_registry._hooks) == {version_guard.REFUSAL_TARGET}
@@ -93,7 +93,7 @@ def test_missing_target_says_why(target, why):
 
 
 def test_every_hook_target_resolves():
-    assert [t for t in (h.target for h in sglang_patches.hooks()) if version_guard.missing_target(t)] == []
+    assert [t for t in (h.target for h in hooks.hooks()) if version_guard.missing_target(t)] == []
 
 
 SITECUSTOMIZE = textwrap.dedent("""

@@ -104,8 +104,52 @@ except ImportError:
     sys.modules["datasets"] = m
 sys.argv[0] = "sglang.bench_serving"
 from sglang.benchmark.serving import cli_main
-cli_main()
 """
+
+# One run per process; BenchClient keeps a process for many runs (importing SGLang's benchmark
+# package takes longer than a short workload runs): one argv as a JSON line on stdin per run.
+DONE = "@@bench_serving_done"
+CLIENT_ONCE = CLIENT + "cli_main()\n"
+CLIENT_LOOP = CLIENT + f"""
+import json, traceback
+for line in sys.stdin:
+    sys.argv = ["sglang.bench_serving", *json.loads(line)]
+    try:
+        cli_main()
+        rc = 0
+    except BaseException:  # argparse's SystemExit too: the loop serves the next run
+        traceback.print_exc(file=sys.stdout)
+        rc = 1
+    print("{DONE}", rc, flush=True)
+"""
+
+
+class BenchClient:
+    """A bench_serving process that stays up between runs (`run` as run_bench_serving's)."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", CLIENT_LOOP], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+    def run(self, argv: list[str], out: Path) -> tuple[int, str]:
+        self.proc.stdin.write(json.dumps([*argv, "--output-file", str(out)]) + "\n")
+        self.proc.stdin.flush()
+        lines = []
+        for line in self.proc.stdout:
+            if line.startswith(DONE):
+                return int(line.split()[1]), "".join(lines)
+            lines.append(line)
+        raise RuntimeError("bench_serving client exited: " + "".join(lines)[-2000:])
+
+    def __enter__(self) -> "BenchClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def run_bench(url: str, model: Path, dataset: Path, out: Path, args) -> dict:
@@ -118,16 +162,20 @@ def run_bench(url: str, model: Path, dataset: Path, out: Path, args) -> dict:
         out, args.bench_timeout)
 
 
-def run_bench_serving(argv: list[str], out: Path, timeout: float) -> dict:
-    """`python -m sglang.bench_serving ARGV --output-file OUT` (CLIENT); its result line. The
-    client's output goes to OUT with the suffix .log."""
+def run_bench_serving(argv: list[str], out: Path, timeout: float, client: BenchClient | None = None) -> dict:
+    """`python -m sglang.bench_serving ARGV --output-file OUT` (in `client`'s process when given);
+    its result line. The client's output goes to OUT with the suffix .log."""
     out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-c", CLIENT, *argv, "--output-file", str(out)]
-    print("  python -m sglang.bench_serving " + " ".join(cmd[3:]), flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    (out.with_suffix(".log")).write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out.exists():
-        raise RuntimeError(f"bench_serving failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    print("  python -m sglang.bench_serving " + " ".join([*argv, "--output-file", str(out)]), flush=True)
+    if client is None:
+        cmd = [sys.executable, "-c", CLIENT_ONCE, *argv, "--output-file", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        rc, log = proc.returncode, proc.stdout + proc.stderr
+    else:
+        rc, log = client.run(argv, out)
+    (out.with_suffix(".log")).write_text(log)
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"bench_serving failed ({rc}): {log[-2000:]}")
     return json.loads(out.read_text().strip().splitlines()[-1])
 
 

@@ -23,7 +23,6 @@ KV pool's own buffers (same dtypes and layouts as a served forward; nothing is w
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from . import indexer, sparse_mla
 from .batch_layout import batch_layout

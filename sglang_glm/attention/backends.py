@@ -1,6 +1,6 @@
 """The plugin's attention backends by name, the contract the indexer relies on, and the platform.
 
-Names live here only; `plugin.register` registers them, `sglang_patches` routes SGLang's choices
+Names live here only; `plugin.register` registers them, `sglang_glm.hooks` routes SGLang's choices
 by them, the backends report them in errors. Importing this module imports no SGLang.
 """
 

@@ -172,13 +172,14 @@ def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
             "--random-range-ratio", "1.0"]
 
 
-def bench_serving(url: str, model: Path, w: Workload, out_file: Path) -> dict:
-    """One `python -m sglang.bench_serving` run (the CPU benchmark's client); its result line."""
+def bench_serving(url: str, model: Path, w: Workload, out_file: Path, client=None) -> dict:
+    """One `python -m sglang.bench_serving` run (the CPU benchmark's client, or a kept
+    `BenchClient`); its result line."""
     argv = ["--backend", "sglang", "--base-url", url, "--model", str(model), "--tokenizer", str(model),
             *dataset_args(model, w, out_file.parent), "--num-prompts", str(w.prompts),
             "--max-concurrency", str(w.batch), "--seed", "0", "--warmup-requests", "1",
             "--flush-cache", "--disable-tqdm"]
-    return run_bench_serving(argv, out_file, timeout=1800)
+    return run_bench_serving(argv, out_file, timeout=1800, client=client)
 
 
 def server_info(url: str) -> dict:

@@ -26,6 +26,7 @@ size). `--tables` rebuilds the last three from a mtp_results.jsonl (a run cut sh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -39,7 +40,7 @@ from pathlib import Path
 import requests
 
 from bench_gpu import KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
-from bench_serving import HELDOUT, server
+from bench_serving import HELDOUT, BenchClient, server
 
 PLAIN = "indexcache"
 DEFAULT_CONFIGS = ["eagle_1_2", "eagle_2_3", "eagle_3_4", "eagle_5_6", "eagle_3_4_no_overlap"]
@@ -140,8 +141,7 @@ def main() -> None:
 def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
     """Greedy tokens of every server, then `--repeats` rounds of every workload on every server (one
     at a time, the order rotated each round, so that drift over the run falls on every server alike)."""
-    heldout = HELDOUT.read_text()
-    texts = [heldout[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
+    texts = [HELDOUT.read_text()[i * 997: i * 997 + 1200] for i in range(TOKEN_PROMPTS)]
     rows, tokens, token_report = [], {}, {}
     windows: dict[str, list] = {n: [] for n in names}
     results = args.out / "mtp_results.jsonl"
@@ -150,35 +150,37 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
         urls[n], err = ready[n].get()
         print(f"[{n}] up at t={time.time() - t0:.0f}s" if urls[n] else f"[{n}] not started: {err}", flush=True)
     up = [n for n in names if urls[n]]
-    # Every workload once on every server, side by side and untimed: kernel variants a workload's
-    # batches need compile on first use (Triton's disk cache then serves every later process), and
-    # a compile inside a timed run stalls it by up to ~1.5 s.
-    with ThreadPoolExecutor(len(up)) as pool:
-        list(pool.map(lambda n: [bench_serving(urls[n], args.model, WORKLOADS[w], args.out / f"warmup_{n}_{w}.json")
-                                 for w in args.workloads], up))
-    print(f"warm-up done at t={time.time() - t0:.0f}s", flush=True)
-    for n in up:
-        tokens[n] = greedy_tokens(urls[n], texts)
-    for n in up:
-        if n != PLAIN and PLAIN in tokens:
-            token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])),
-                               "of": len(texts), "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
-    (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
-    for r in range(args.repeats):
-        for n in up[r % len(up):] + up[: r % len(up)]:
-            timed_from = time.time()
-            for wname in args.workloads:
-                w = WORKLOADS[wname]
-                res = bench_serving(urls[n], args.model, w, args.out / f"{n}_{wname}_r{r}.json")
-                row = {"config": n, "workload": wname, "batch": w.batch, "repeat": r, **{k: res.get(k) for k in KEEP},
-                       **server_info(urls[n]), "meta": meta}
-                rows.append(row)
-                with results.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                print(f"  [{n} repeat {r}] {wname}: TPOT {row['median_tpot_ms']:.2f} ms, ITL {row['median_itl_ms']:.2f} ms, "
-                      f"out {row['output_throughput']:.0f} tok/s, accept {row['accept_length']} (t={time.time() - t0:.0f}s)",
-                      flush=True)
-            windows[n].append((timed_from, time.time()))
+    with contextlib.ExitStack() as stack:
+        clients = {n: stack.enter_context(BenchClient()) for n in up}  # one kept bench_serving process each
+        # Every workload once on every server, side by side and untimed: kernel variants a workload's
+        # batches need compile on first use (Triton's disk cache then serves every later process),
+        # and a compile inside a timed run stalls it by up to ~1.5 s.
+        with ThreadPoolExecutor(len(up)) as pool:
+            list(pool.map(lambda n: [bench_serving(urls[n], args.model, WORKLOADS[w], args.out / f"warmup_{n}_{w}.json",
+                                                   client=clients[n]) for w in args.workloads], up))
+        print(f"warm-up done at t={time.time() - t0:.0f}s", flush=True)
+        for n in up:
+            tokens[n] = greedy_tokens(urls[n], texts)
+        for n in up:
+            if n != PLAIN and PLAIN in tokens:
+                token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])), "of": len(texts),
+                                   "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
+        (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
+        for r in range(args.repeats):
+            for n in up[r % len(up):] + up[: r % len(up)]:
+                timed_from = time.time()
+                for wname in args.workloads:
+                    w = WORKLOADS[wname]
+                    res = bench_serving(urls[n], args.model, w, args.out / f"{n}_{wname}_r{r}.json", client=clients[n])
+                    row = {"config": n, "workload": wname, "batch": w.batch, "repeat": r,
+                           **{k: res.get(k) for k in KEEP}, **server_info(urls[n]), "meta": meta}
+                    rows.append(row)
+                    with results.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(f"  [{n} repeat {r}] {wname}: TPOT {row['median_tpot_ms']:.2f} ms, ITL "
+                          f"{row['median_itl_ms']:.2f} ms, out {row['output_throughput']:.0f} tok/s, accept "
+                          f"{row['accept_length']} (t={time.time() - t0:.0f}s)", flush=True)
+                windows[n].append((timed_from, time.time()))
 
     if rows:
         write_tables(rows, args.out)
