@@ -20,7 +20,8 @@ the rounds and the range of the per-round speedups.
 Writes, as it goes, OUT/mtp_results.jsonl (one line per server, workload and round, bench_serving's
 numbers) and OUT/mtp_tokens.json; at the end OUT/mtp_speed.json (issue 29's format: EAGLE 3/1/4
 against plain per batch), OUT/mtp_shapes.json and OUT/mtp_shapes.md (every shape at every batch
-size). `--tables` rebuilds the last three from a mtp_results.jsonl (a run cut short keeps its rows).
+size), OUT/startup.json (each server's start-up by phase, `startup_breakdown.py`). `--tables`
+rebuilds the tables from a mtp_results.jsonl (a run cut short keeps its rows).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import requests
 
 from bench_gpu import KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
 from bench_serving import HELDOUT, BenchClient, server
+from startup_breakdown import breakdown
 
 PLAIN = "indexcache"
 DEFAULT_CONFIGS = ["eagle_1_2", "eagle_2_3", "eagle_3_4", "eagle_5_6", "eagle_3_4_no_overlap"]
@@ -184,6 +186,8 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
 
     if rows:
         write_tables(rows, args.out)
+    (args.out / "startup.json").write_text(json.dumps(  # issue 31: each server's start-up by phase
+        {n: breakdown((args.out / f"server_{n}.log").read_text(errors="replace")) for n in up}, indent=1))
     compiles = args.out / "compiles.jsonl"
     if compiles.exists():  # servers are timed one at a time, so a compile in a window is that server's
         seen = [json.loads(line) for line in compiles.read_text().splitlines()]
