@@ -20,11 +20,14 @@ MODELS_PACKAGE = "sglang_glm.models"
 REGISTRATION: version_guard.Registration | None = None
 
 
-def _create_triton_dsa_backend(model_runner):
-    # Imported on use: Triton kernels are for CUDA machines only.
-    from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
+def _backend_factory(name: str):
+    """SGLang's factory signature (model_runner -> backend) for a plugin backend name."""
+    from sglang_glm.attention.backends import backend_classes
 
-    return TritonDSABackend(model_runner)
+    def create(model_runner):
+        return backend_classes(name)[0](model_runner)
+
+    return create
 
 
 def _register_all(reg: version_guard.Registration) -> None:
@@ -34,16 +37,15 @@ def _register_all(reg: version_guard.Registration) -> None:
     from sglang.srt.server_args import add_attention_backend_choices
 
     from sglang_glm import hooks as plugin_hooks, warmup
-    from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND
-    from sglang_glm.attention.torch_dsa_backend import create_torch_dsa_backend
+    from sglang_glm.attention.backends import PLUGIN_BACKENDS
 
     hooks = plugin_hooks.hooks()
     reg.problems += [p for p in map(version_guard.missing_target, (h.target for h in hooks)) if p]
     if reg.problems:
         return
     ModelRegistry.register(MODELS_PACKAGE, overwrite=True, strict=True)
-    register_attention_backend(TORCH_BACKEND)(create_torch_dsa_backend)
-    register_attention_backend(TRITON_BACKEND)(_create_triton_dsa_backend)
+    for name in PLUGIN_BACKENDS:
+        register_attention_backend(name)(_backend_factory(name))
     add_attention_backend_choices(list(PLUGIN_BACKENDS))
     plugin_hooks.apply(hooks)
     warmup.register()

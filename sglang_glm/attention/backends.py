@@ -6,6 +6,7 @@ by them, the backends report them in errors. Importing this module imports no SG
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -15,7 +16,21 @@ if TYPE_CHECKING:
 
 TORCH_BACKEND = "glm_dsa_torch"  # plain PyTorch: the CPU backend, the slow reference on CUDA
 TRITON_BACKEND = "glm_dsa_triton"  # the plugin's Triton kernels: the CUDA default for GLM-DSA
-PLUGIN_BACKENDS = (TORCH_BACKEND, TRITON_BACKEND)
+# name -> (module, backend class, EAGLE multi-step draft backend class), imported on use (the
+# Triton backend's kernels are for CUDA machines only). The plugin registers, and its hooks route
+# SGLang's choices, from this table alone.
+BACKEND_CLASSES = {
+    TORCH_BACKEND: ("sglang_glm.attention.torch_dsa_backend", "TorchDSABackend", "TorchDSAMultiStepDraftBackend"),
+    TRITON_BACKEND: ("sglang_glm.attention.triton_dsa_backend", "TritonDSABackend", "TritonDSAMultiStepDraftBackend"),
+}
+PLUGIN_BACKENDS = tuple(BACKEND_CLASSES)
+
+
+def backend_classes(name: str) -> tuple[type, type]:
+    """(attention backend class, multi-step draft backend class) of a plugin backend name."""
+    module, backend, draft = BACKEND_CLASSES[name]
+    imported = importlib.import_module(module)
+    return getattr(imported, backend), getattr(imported, draft)
 SGLANG_DSA_BACKEND = "dsa"  # SGLang's own CUDA backend (FlashMLA + DeepGEMM, its own indexer)
 
 # The attention geometry glm_dsa_kernels is built for (GLM-5's; kernels/glm_dsa_kernels: sparse_mla D_QK

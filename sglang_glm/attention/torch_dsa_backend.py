@@ -15,17 +15,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_glm.attention.backends import TORCH_BACKEND, DsaIndexBackend
+from sglang_glm.attention.backends import TORCH_BACKEND
+from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
-
-    from sglang_glm.attention.kv_pool import TorchDSAKVPool
 
 # Upper bound on elements of one gathered [queries, top-k, dim] block, to bound CPU memory.
 _MAX_BLOCK_ELEMS = 1 << 25
@@ -64,14 +62,8 @@ class DSAForwardMetadata:
         return visible
 
 
-class TorchDSABackend(AttentionBackend, DsaIndexBackend):
-    def __init__(self, model_runner: "ModelRunner"):
-        super().__init__()
-        self.device = model_runner.device
-        self.req_to_token = model_runner.req_to_token_pool.req_to_token
-        self.token_to_kv_pool: "TorchDSAKVPool" = model_runner.token_to_kv_pool
-        self.token_to_kv_pool.check_served_by(TORCH_BACKEND)
-        self.forward_metadata: Optional[DSAForwardMetadata] = None
+class TorchDSABackend(DSABackend):
+    name = TORCH_BACKEND
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         raise NotImplementedError(
@@ -108,9 +100,6 @@ class TorchDSABackend(AttentionBackend, DsaIndexBackend):
 
     # ---- indexer --------------------------------------------------------------------------
 
-    def store_index_k(self, layer_id: int, index_k: torch.Tensor, forward_batch: "ForwardBatch"):
-        self.token_to_kv_pool.set_index_k(layer_id, forward_batch.out_cache_loc, index_k)
-
     def index_topk(
         self,
         layer_id: int,
@@ -143,33 +132,8 @@ class TorchDSABackend(AttentionBackend, DsaIndexBackend):
 
     # ---- sparse MLA -----------------------------------------------------------------------
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
-
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
-
-    def _forward(
-        self,
-        q: torch.Tensor,
-        k: Optional[torch.Tensor],
-        layer: "RadixAttention",
-        forward_batch: "ForwardBatch",
-        save_kv_cache: bool,
-        k_rope: Optional[torch.Tensor] = None,
-        topk_indices: Optional[torch.Tensor] = None,
-        **unused,
-    ) -> torch.Tensor:
-        if topk_indices is None:
-            raise ValueError(
-                f"{TORCH_BACKEND} is a sparse-attention backend: layer {layer.layer_id} must pass "
-                "topk_indices from the top-k buffer"
-            )
+    def _attend(self, q: torch.Tensor, layer: "RadixAttention", topk_indices: torch.Tensor) -> torch.Tensor:
         pool = self.token_to_kv_pool
-        if save_kv_cache and k is not None:
-            # FP8: rows are quantized from bfloat16, as the CUDA backends write them.
-            pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k.to(pool.dtype_for_writes),
-                                   k_rope.to(pool.dtype_for_writes))
         num_heads, dim, v_dim = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         q = q.view(-1, num_heads, dim)
         out = q.new_empty((q.shape[0], num_heads, v_dim))
@@ -199,7 +163,7 @@ def _verify_tree_mask(forward_batch: "ForwardBatch") -> Optional[torch.Tensor]:
     return tree_mask_rows(mask, forward_batch.seq_lens, spec.draft_token_num)
 
 
-class TorchDSAMultiStepDraftBackend:
+class TorchDSAMultiStepDraftBackend(MultiStepDraftBackend):
     """EAGLE's multi-step draft decode: one backend per draft step (steps 1 .. num_steps - 1).
 
     Draft step i (0-based within this loop) of request b, branch j sits at position
@@ -208,12 +172,10 @@ class TorchDSAMultiStepDraftBackend:
     simply the request's req_to_token row; tree branches get their own key rows.
     """
 
+    step_backend = TorchDSABackend
+
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
-        self.topk = topk
-        self.speculative_num_steps = speculative_num_steps
-        self.attn_backends = [
-            TorchDSABackend(model_runner) for _ in range(max(speculative_num_steps - 1, 0))
-        ]
+        super().__init__(model_runner, topk, speculative_num_steps)
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
@@ -240,7 +202,3 @@ class TorchDSAMultiStepDraftBackend:
                 key_limits=torch.tensor(limits, dtype=torch.int64, device=self.req_to_token.device),
                 key_locs=key_locs,
             )
-
-
-def create_torch_dsa_backend(model_runner: "ModelRunner") -> TorchDSABackend:
-    return TorchDSABackend(model_runner)

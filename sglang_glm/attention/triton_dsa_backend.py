@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
@@ -29,7 +28,8 @@ from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
 from glm_dsa_kernels.topk_select import topk_positions
 from glm_dsa_kernels.warmup import WarmUpShapes, warm_up
-from sglang_glm.attention.backends import TRITON_BACKEND, DsaIndexBackend
+from sglang_glm.attention.backends import TRITON_BACKEND
+from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
 from sglang_glm.attention.verify_mask import tree_mask_rows
 
 if TYPE_CHECKING:
@@ -56,30 +56,26 @@ class TritonDSAMetadata:
     draft_start: Optional[torch.Tensor] = None  # [T] position of the request's first draft slot
 
 
-class TritonDSABackend(AttentionBackend, DsaIndexBackend):
+class TritonDSABackend(DSABackend):
+    name = TRITON_BACKEND
     # Layouts come from device tensors only: speculative rounds need no host copy of seq_lens, so
     # SGLang's overlap scheduler skips publishing one (a wait on the last verify) every round.
     needs_cpu_seq_lens = False
 
     def __init__(self, model_runner: "ModelRunner"):
-        super().__init__()
         self.page = model_runner.page_size
         if self.page not in (1, INDEX_PAGE):
             raise ValueError(
                 f"{TRITON_BACKEND} reads the index-K cache in SGLang's {INDEX_PAGE}-token pages (or token "
                 f"slots with --page-size 1); the server runs with --page-size {self.page}"
             )
-        self.device = model_runner.device
-        self.req_to_token = model_runner.req_to_token_pool.req_to_token
-        self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.token_to_kv_pool.check_served_by(TRITON_BACKEND)
+        super().__init__(model_runner)
         self.max_pages = -(-self.req_to_token.shape[1] // self.page)
         # SGLang sizes a speculative round's verify mask by it when no host seq_lens are published
         self.max_context_len = model_runner.model_config.context_len
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         # Hopper runs 64-head sparse MLA on BF16 KV in the warp-specialized Gluon kernel
         self.warp_specialized = warp_specialized_available(self.device)
-        self.forward_metadata: Optional[TritonDSAMetadata] = None
         self.graph_metadata: Optional[TritonDSAMetadata] = None
         if self.device.type == "cuda":  # the CPU plumbing tests build it with no kernel to run
             self._warm_up_kernels(model_runner)
@@ -249,9 +245,6 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
 
     # ---- indexer --------------------------------------------------------------------------
 
-    def store_index_k(self, layer_id: int, index_k: torch.Tensor, forward_batch: "ForwardBatch"):
-        self.token_to_kv_pool.set_index_k(layer_id, forward_batch.out_cache_loc, index_k)
-
     def index_topk(self, layer_id, q, weights, sm_scale, topk) -> torch.Tensor:
         meta = self.forward_metadata
         q = q.to(torch.bfloat16)
@@ -273,22 +266,8 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
 
     # ---- sparse MLA -----------------------------------------------------------------------
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
-
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)
-
-    def _forward(self, q, k, layer, forward_batch, save_kv_cache, k_rope=None, topk_indices=None, **unused):
-        if topk_indices is None:
-            raise ValueError(
-                f"{TRITON_BACKEND} is a sparse-attention backend: layer {layer.layer_id} must pass "
-                "topk_indices from the top-k buffer"
-            )
+    def _attend(self, q, layer, topk_indices):
         pool = self.token_to_kv_pool
-        if save_kv_cache and k is not None:
-            pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k.to(pool.dtype_for_writes),
-                                   k_rope.to(pool.dtype_for_writes))
         meta = self.forward_metadata
         rows = positions_to_pool_rows(topk_indices, meta.slot_table, meta.query_req)
         kv = pool.mla_rows(layer.layer_id)
@@ -300,7 +279,7 @@ class TritonDSABackend(AttentionBackend, DsaIndexBackend):
         return out.view(-1, heads * layer.v_head_dim).to(dtype)
 
 
-class TritonDSAMultiStepDraftBackend:
+class TritonDSAMultiStepDraftBackend(MultiStepDraftBackend):
     """EAGLE's draft steps 1 .. num_steps - 1: one backend, and buffers, per step.
 
     Draft step i (0-based in this loop) of request b, branch j sits after b's prefix and i earlier
@@ -308,6 +287,7 @@ class TritonDSAMultiStepDraftBackend:
     size 1) gives each (request, branch) its own row of KV slots (`TritonDSABackend._branch_slots`).
     """
 
+    step_backend = TritonDSABackend
     needs_cpu_seq_lens = False  # as TritonDSABackend
 
     def __init__(self, model_runner: "ModelRunner", topk: int, speculative_num_steps: int):
@@ -316,9 +296,7 @@ class TritonDSAMultiStepDraftBackend:
                 f"{TRITON_BACKEND} serves tree drafts (--speculative-eagle-topk {topk}) with page size 1; "
                 f"the server runs with --page-size {model_runner.page_size}"
             )
-        self.topk = topk
-        self.speculative_num_steps = speculative_num_steps
-        self.attn_backends = [TritonDSABackend(model_runner) for _ in range(max(speculative_num_steps - 1, 0))]
+        super().__init__(model_runner, topk, speculative_num_steps)
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch"):
         for i, backend in enumerate(self.attn_backends):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_glm.attention.backends import PLUGIN_BACKENDS, TORCH_BACKEND, TRITON_BACKEND
+from sglang_glm.attention.backends import PLUGIN_BACKENDS, TRITON_BACKEND, backend_classes
 from sglang_glm.hooks.base import Hook, is_glm_dsa, spec_server_args
 
 logger = logging.getLogger(__name__)
@@ -28,13 +28,8 @@ def _draft_decode_backend(original, factory, *args, **kwargs):
         return original(factory, *args, **kwargs)
     if factory.speculative_num_steps <= 1:
         return None
-    from sglang_glm.attention.torch_dsa_backend import TorchDSAMultiStepDraftBackend
-
-    if name == TORCH_BACKEND:
-        backend_class = TorchDSAMultiStepDraftBackend
-    else:
-        from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend as backend_class
-    return backend_class(factory.draft_model_runner, factory.topk, factory.speculative_num_steps)
+    _, draft_backend = backend_classes(name)
+    return draft_backend(factory.draft_model_runner, factory.topk, factory.speculative_num_steps)
 
 
 def _draft_extend_backend(original, factory, *args, **kwargs):
