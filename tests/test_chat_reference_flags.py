@@ -24,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 from serving import http_server
-from sglang_glm.attention import fp8_kv
+from glm_dsa_kernels import layout
 
 pytestmark = pytest.mark.slow
 
@@ -288,8 +288,8 @@ def test_malformed_tools_and_messages_get_4xx(server, client, name, body):
 
 def test_log_states_fp8_bytes_per_token_per_layer(server):
     cfg = json.loads((MODEL / "config.json").read_text())
-    mla = fp8_kv.mla_row_bytes(cfg["kv_lora_rank"], cfg["qk_rope_head_dim"])
-    index = fp8_kv.index_k_token_bytes(cfg["index_head_dim"])
+    mla = layout.mla_row_bytes(cfg["kv_lora_rank"], cfg["qk_rope_head_dim"])
+    index = layout.index_k_token_bytes(cfg["index_head_dim"])
     lines = re.findall(r"KV cache bytes per token per layer \(fp8_e4m3\): .*", server[1].read_text())
     assert len(lines) == 2, lines  # the target's pool and the MTP draft's
     for line in lines:

@@ -73,9 +73,9 @@ def test_kv_pool_follows_the_attention_backend():
 def test_triton_geometry_is_the_kernels_and_glm5s():
     from glm_dsa_kernels import indexer, sparse_mla
 
-    from sglang_glm.attention.backends import TRITON_GEOMETRY, triton_geometry_problem
+    from sglang_glm.attention.backends import triton_geometry, triton_geometry_problem
 
-    g = TRITON_GEOMETRY
+    g = triton_geometry()
     assert (g["index_n_heads"], g["index_head_dim"]) == (indexer.N_HEADS, indexer.HEAD_DIM)
     assert (g["kv_lora_rank"] + g["qk_rope_head_dim"], g["kv_lora_rank"]) == (sparse_mla.D_QK, sparse_mla.D_V)
     assert triton_geometry_problem(_config()) is None

@@ -14,8 +14,8 @@ import torch
 from glm_dsa_kernels.indexer import dequantize_index_k as kernel_dequantize_index_k
 from glm_dsa_kernels.indexer import quantize_index_k_fp8
 from glm_dsa_kernels.sparse_mla import dequantize_kv_fp8, quantize_kv_fp8
-from sglang_glm.attention import fp8_kv
-from sglang_glm.attention.kv_pool import FP8_INDEX_PAGE, TorchDSAKVPool
+from glm_dsa_kernels import layout
+from sglang_glm.attention.kv_pool import TorchDSAKVPool
 
 GLM52 = dict(kv_lora_rank=512, qk_rope_head_dim=64, index_head_dim=128)
 MINI = dict(kv_lora_rank=48, qk_rope_head_dim=32, index_head_dim=48)
@@ -30,18 +30,18 @@ def make_pool(geometry, dtype=torch.float8_e4m3fn, skip=(False, True, False)):
     r, p = geometry["kv_lora_rank"], geometry["qk_rope_head_dim"]
     fp8 = dtype == torch.float8_e4m3fn
     return TorchDSAKVPool(
-        size=2 * FP8_INDEX_PAGE, page_size=FP8_INDEX_PAGE, kv_lora_rank=r, dtype=dtype,
+        size=2 * layout.INDEX_PAGE, page_size=layout.INDEX_PAGE, kv_lora_rank=r, dtype=dtype,
         qk_rope_head_dim=p, layer_num=len(skip), device="cpu", index_head_dim=geometry["index_head_dim"],
-        enable_memory_saver=False, kv_cache_dim=fp8_kv.mla_row_bytes(r, p) if fp8 else r + p,
+        enable_memory_saver=False, kv_cache_dim=layout.mla_row_bytes(r, p) if fp8 else r + p,
         skip_topk_layers=list(skip),
     )
 
 
 def test_row_bytes_formula():
     # FlashMLA: 512 e4m3 + 4 fp32 scales + 64 bf16 rope; index key: 128 e4m3 + 1 fp32 scale.
-    assert fp8_kv.mla_row_bytes(512, 64) == 512 + 4 * 4 + 2 * 64 == 656
-    assert fp8_kv.index_k_token_bytes(128) == 128 + 4 == 132
-    assert fp8_kv.mla_row_bytes(48, 32) == 48 + 4 + 64 == 116
+    assert layout.mla_row_bytes(512, 64) == 512 + 4 * 4 + 2 * 64 == 656
+    assert layout.index_k_token_bytes(128) == 128 + 4 == 132
+    assert layout.mla_row_bytes(48, 32) == 48 + 4 + 64 == 116
 
 
 @pytest.mark.parametrize("geometry, dtype, want", [
@@ -72,30 +72,30 @@ def test_mla_rows_are_flashmla_bytes_and_round_trip_bit_exactly():
     pool = make_pool(GLM52)
     kv = (torch.randn(40, 576, generator=g) * torch.rand(40, 1, generator=g) * 4).bfloat16()
     kv[3, :128] = 0  # an all-zero scale group
-    loc = torch.randperm(2 * FP8_INDEX_PAGE, generator=g)[:40] + 1
+    loc = torch.randperm(2 * layout.INDEX_PAGE, generator=g)[:40] + 1
     _write(pool, 2, loc, kv[:, :512], kv[:, 512:])
     stored = pool.mla_rows(2)[loc]
     assert torch.equal(stored, quantize_kv_fp8(kv))  # byte for byte what the Triton kernel reads
     back = pool.latent_rows(2, loc, torch.float32)
     assert torch.equal(back, dequantize_kv_fp8(stored))  # what the kernel's reference dequantizes
     # Quantizing the dequantized rows again gives the same bytes: the cache is a fixed point.
-    assert torch.equal(fp8_kv.quantize_mla_rows(back[:, :512], back[:, 512:]), stored)
+    assert torch.equal(layout.quantize_mla_rows(back[:, :512], back[:, 512:]), stored)
     assert torch.equal(pool.mla_rows(2)[0], torch.zeros(656, dtype=torch.uint8))  # padding slot untouched
 
 
 def test_index_keys_are_kernel_pages_and_round_trip_bit_exactly():
     g = torch.Generator().manual_seed(1)
     pool = make_pool(GLM52)
-    slots = 2 * FP8_INDEX_PAGE + FP8_INDEX_PAGE  # size + page: SGLang's padding page included
+    slots = 2 * layout.INDEX_PAGE + layout.INDEX_PAGE  # size + page: SGLang's padding page included
     k = (torch.randn(slots, 128, generator=g) * 3).bfloat16()
     loc = torch.randperm(slots, generator=g)
     pool.set_index_k(0, loc, k[loc])
-    pages = pool.index_k_pages(0, FP8_INDEX_PAGE)
-    assert torch.equal(pages, quantize_index_k_fp8(k.view(-1, FP8_INDEX_PAGE, 128)))
+    pages = pool.index_k_pages(0, layout.INDEX_PAGE)
+    assert torch.equal(pages, quantize_index_k_fp8(k.view(-1, layout.INDEX_PAGE, 128)))
     rows = pool.index_k_rows(0, loc)
     assert torch.equal(rows, kernel_dequantize_index_k(pages).view(slots, 128)[loc])
-    codes, scale = fp8_kv.quantize_index_k(rows)
-    assert torch.equal(fp8_kv.dequantize_index_k(codes, scale), rows)
+    codes, scale = layout.quantize_index_k(rows)
+    assert torch.equal(layout.dequantize_index_k(codes, scale), rows)
     with pytest.raises(RuntimeError, match="shared layer"):
         pool.index_k_rows(1, loc)
 
@@ -107,7 +107,7 @@ def test_mini_geometry_round_trip_and_error_bound():
     loc = torch.arange(1, 31)
     _write(pool, 0, loc, kv[:, :48], kv[:, 48:])
     back = pool.latent_rows(0, loc, torch.float32)
-    assert torch.equal(fp8_kv.quantize_mla_rows(back[:, :48], back[:, 48:]), pool.mla_rows(0)[loc])
+    assert torch.equal(layout.quantize_mla_rows(back[:, :48], back[:, 48:]), pool.mla_rows(0)[loc])
     assert torch.equal(back[:, 48:], kv[:, 48:].bfloat16().float())  # rope kept in bfloat16
     # e4m3 keeps 3 mantissa bits: relative error at most 2^-4 of each value, plus subnormals
     # (below 2^-6 of the scale) rounded to steps of 2^-9 of it.

@@ -29,12 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
+from . import layout
+from .layout import FP8_INDEX_TOKEN_BYTES as FP8_TOKEN_BYTES
+from .layout import INDEX_DIM as HEAD_DIM
+from .layout import INDEX_HEADS as N_HEADS
+from .layout import INDEX_PAGE as PAGE_SIZE
 from .topk_select import topk_positions
-
-N_HEADS = 32
-HEAD_DIM = 128
-PAGE_SIZE = 64
-FP8_TOKEN_BYTES = HEAD_DIM + 4
 # TRITON_INTERPRET=1 (triton 3.8, CPU) mis-multiplies bf16 tl.dot operands; interpret in fp32
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _DOT_DTYPE = tl.float32 if _INTERPRET else tl.bfloat16
@@ -294,24 +294,16 @@ def indexer_topk(
 
 def quantize_index_k_fp8(k: torch.Tensor) -> torch.Tensor:
     """BF16 pages [num_pages, 64, 128] -> FP8 pages uint8 [num_pages, 64 * 132] (per-token absmax)."""
-    num_pages = k.shape[0]
-    kf = k.float()
-    scale = kf.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
-    codes = (kf / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
-    out = torch.empty(num_pages, PAGE_SIZE * FP8_TOKEN_BYTES, dtype=torch.uint8, device=k.device)
-    out[:, : PAGE_SIZE * HEAD_DIM] = codes.reshape(num_pages, -1)
-    out[:, PAGE_SIZE * HEAD_DIM :] = scale.contiguous().view(torch.uint8).reshape(num_pages, -1)
-    return out
+    codes, scale = layout.quantize_index_k(k.reshape(-1, HEAD_DIM))
+    return layout.pack_index_k_pages(codes.view(k.shape), scale.view(k.shape[:2]))
 
 
 def dequantize_index_k(k_cache: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Either cache layout -> [num_pages, page size, 128] in dtype."""
     if k_cache.dtype != torch.uint8:
         return k_cache.to(dtype)
-    num_pages = k_cache.shape[0]
-    codes = k_cache[:, : PAGE_SIZE * HEAD_DIM].contiguous().view(torch.float8_e4m3fn).to(dtype)
-    scale = k_cache[:, PAGE_SIZE * HEAD_DIM :].contiguous().view(torch.float32).to(dtype)
-    return codes.view(num_pages, PAGE_SIZE, HEAD_DIM) * scale[..., None]
+    codes, scale = layout.unpack_index_k_pages(k_cache, HEAD_DIM)
+    return layout.dequantize_index_k(codes.reshape(-1, HEAD_DIM), scale.reshape(-1), dtype).view(codes.shape)
 
 
 def indexer_logits_ref(q, weights, k_cache, page_table, query_req, key_limit, compute_dtype=torch.float64):

@@ -26,11 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-D_QK = 576
-D_V = 512
-D_ROPE = D_QK - D_V
-FP8_ROW_BYTES = 656
-_FP8_GROUP = 128
+from . import layout
+from .layout import D_QK, D_V, FP8_ROW_BYTES
+
 _LOG2E = 1.4426950408889634
 # TRITON_INTERPRET=1 (triton 3.8, CPU) mis-multiplies bf16 tl.dot operands; interpret in fp32
 _DOT_DTYPE = tl.float32 if os.environ.get("TRITON_INTERPRET") == "1" else tl.bfloat16
@@ -344,24 +342,12 @@ def sparse_mla_fwd(
 
 def quantize_kv_fp8(kv: torch.Tensor) -> torch.Tensor:
     """BF16 rows [P, 576] -> FlashMLA FP8 rows uint8 [P, 656] (per-128-column absmax scales)."""
-    P = kv.shape[0]
-    latent = kv[:, :D_V].float().view(P, D_V // _FP8_GROUP, _FP8_GROUP)
-    scale = latent.abs().amax(-1).clamp(min=1e-4) / torch.finfo(torch.float8_e4m3fn).max
-    codes = (latent / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(P, D_V)
-    out = torch.empty(P, FP8_ROW_BYTES, dtype=torch.uint8, device=kv.device)
-    out[:, :D_V] = codes
-    out[:, D_V:D_V + 16] = scale.contiguous().view(torch.uint8).view(P, 16)
-    out[:, D_V + 16:] = kv[:, D_V:].contiguous().view(torch.uint8).view(P, 2 * D_ROPE)
-    return out
+    return layout.quantize_mla_rows(kv[:, :D_V], kv[:, D_V:])
 
 
 def dequantize_kv_fp8(kv: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """FlashMLA FP8 rows uint8 [P, 656] -> [P, 576] in dtype."""
-    P = kv.shape[0]
-    codes = kv[:, :D_V].contiguous().view(torch.float8_e4m3fn).to(dtype).view(P, D_V // _FP8_GROUP, _FP8_GROUP)
-    scale = kv[:, D_V:D_V + 16].contiguous().view(torch.float32).to(dtype)
-    rope = kv[:, D_V + 16:].contiguous().view(torch.bfloat16).to(dtype)
-    return torch.cat([(codes * scale[..., None]).view(P, D_V), rope], dim=1)
+    return layout.dequantize_mla_rows(kv, D_V, dtype)
 
 
 def sparse_mla_fwd_ref(

@@ -33,18 +33,25 @@ def backend_classes(name: str) -> tuple[type, type]:
     return getattr(imported, backend), getattr(imported, draft)
 SGLANG_DSA_BACKEND = "dsa"  # SGLang's own CUDA backend (FlashMLA + DeepGEMM, its own indexer)
 
-# The attention geometry glm_dsa_kernels is built for (GLM-5's; kernels/glm_dsa_kernels: sparse_mla D_QK
-# and D_V, indexer N_HEADS and HEAD_DIM). Other geometries are served by the PyTorch backend.
-TRITON_GEOMETRY = {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "index_n_heads": 32, "index_head_dim": 128}
+
+
+def triton_geometry() -> dict:
+    """The attention geometry glm_dsa_kernels is built for (`glm_dsa_kernels.layout`: GLM-5's), as
+    config.json fields. Other geometries are served by the PyTorch backend."""
+    from glm_dsa_kernels import layout
+
+    return {"kv_lora_rank": layout.KV_LORA_RANK, "qk_rope_head_dim": layout.ROPE_DIM,
+            "index_n_heads": layout.INDEX_HEADS, "index_head_dim": layout.INDEX_DIM}
 
 
 def triton_geometry_problem(hf_config) -> str | None:
     """Why the Triton backend cannot serve this model (None when it can)."""
-    wrong = {k: getattr(hf_config, k, None) for k, v in TRITON_GEOMETRY.items() if getattr(hf_config, k, None) != v}
+    geometry = triton_geometry()
+    wrong = {k: getattr(hf_config, k, None) for k, v in geometry.items() if getattr(hf_config, k, None) != v}
     if not wrong:
         return None
     have = ", ".join(f"{k}={v}" for k, v in wrong.items())
-    need = ", ".join(f"{k}={TRITON_GEOMETRY[k]}" for k in wrong)
+    need = ", ".join(f"{k}={geometry[k]}" for k in wrong)
     return (f"attention backend {TRITON_BACKEND}: its Triton kernels are built for GLM-5's attention geometry "
             f"({need}); this model's config.json has {have}. Serve it with --attention-backend {TORCH_BACKEND} "
             f"(plain PyTorch, exact, slower)")

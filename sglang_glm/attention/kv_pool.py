@@ -5,9 +5,9 @@ models, so every isinstance check holds) but stores index keys for full layers o
 layer owns no index-K memory at all. Two layouts, by the KV dtype SGLang resolves:
 - the model dtype or bfloat16: [576]-wide latent+rope rows, index keys [slots, 128] in that dtype;
 - fp8_e4m3 (`--kv-cache-dtype fp8_e4m3`): FlashMLA's 656-byte rows (on CUDA SGLang's own DSA
-  writer quantizes them, on CPU `fp8_kv.quantize_mla_rows`) and index keys in 64-token pages of
+  writer quantizes them, on CPU `layout.quantize_mla_rows`) and index keys in 64-token pages of
   64 x 128 e4m3 bytes followed by 64 fp32 scales (132 bytes a token), the layouts
-  `glm_dsa_kernels` reads (`fp8_kv` has the formulas for other latent widths).
+  `glm_dsa_kernels` reads (`glm_dsa_kernels.layout`, with the formulas for other latent widths).
 """
 
 from __future__ import annotations
@@ -18,17 +18,15 @@ from typing import List, Optional
 import torch
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
 
-from sglang_glm.attention import fp8_kv
+from glm_dsa_kernels import layout
 
 logger = logging.getLogger(__name__)
-
-FP8_INDEX_PAGE = 64  # tokens per FP8 index-K page (glm_dsa_kernels.indexer.PAGE_SIZE)
 
 
 def index_k_bytes(index_head_dim: int, kv_dtype: torch.dtype) -> int:
     """Bytes of one token's index key in one full layer: FP8 codes + fp32 scale, or the KV dtype."""
     if kv_dtype == torch.float8_e4m3fn:
-        return fp8_kv.index_k_token_bytes(index_head_dim)
+        return layout.index_k_token_bytes(index_head_dim)
     return index_head_dim * kv_dtype.itemsize
 
 
@@ -78,12 +76,12 @@ class TorchDSAKVPool(DSATokenToKVPool):
             )
         # Row 0 (and the page after `size`) are SGLang's padding slots, as in the latent KV.
         slots = size + page_size
-        if self.fp8 and (slots % FP8_INDEX_PAGE or page_size % FP8_INDEX_PAGE):
+        if self.fp8 and (slots % layout.INDEX_PAGE or page_size % layout.INDEX_PAGE):
             raise ValueError(
-                f"the FP8 index-K cache is laid out in {FP8_INDEX_PAGE}-token pages; the KV pool "
-                f"has page size {page_size}: start with --page-size {FP8_INDEX_PAGE}"
+                f"the FP8 index-K cache is laid out in {layout.INDEX_PAGE}-token pages; the KV pool "
+                f"has page size {page_size}: start with --page-size {layout.INDEX_PAGE}"
             )
-        shape = (slots // FP8_INDEX_PAGE, FP8_INDEX_PAGE * (index_head_dim + 4)) if self.fp8 else (slots, index_head_dim)
+        shape = (slots // layout.INDEX_PAGE, layout.INDEX_PAGE * (index_head_dim + 4)) if self.fp8 else (slots, index_head_dim)
         self.index_k_buffer: List[Optional[torch.Tensor]] = [
             None if skip else torch.zeros(shape, dtype=self.index_dtype, device=device)
             for skip in self.skip_topk_layers
@@ -134,12 +132,12 @@ class TorchDSAKVPool(DSATokenToKVPool):
             buf[loc] = index_k.to(self.index_dtype)
             return
         # Per-token absmax scale; codes and scale land in the token's page (FlashMLA-style layout).
-        codes, scale = fp8_kv.quantize_index_k(index_k)
-        page, slot = loc // FP8_INDEX_PAGE, loc % FP8_INDEX_PAGE
+        codes, scale = layout.quantize_index_k(index_k)
+        page, slot = loc // layout.INDEX_PAGE, loc % layout.INDEX_PAGE
         dim = self.index_head_dim
         cols = slot[:, None] * dim + torch.arange(dim, device=loc.device)
         buf[page[:, None], cols] = codes
-        scales = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
+        scales = buf[:, layout.INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
         scales[page, slot] = scale
 
     def index_k_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -148,10 +146,10 @@ class TorchDSAKVPool(DSATokenToKVPool):
         if not self.fp8:
             return buf[loc].to(dtype)
         dim = self.index_head_dim
-        page, slot = loc // FP8_INDEX_PAGE, loc % FP8_INDEX_PAGE
+        page, slot = loc // layout.INDEX_PAGE, loc % layout.INDEX_PAGE
         codes = buf[page[:, None], slot[:, None] * dim + torch.arange(dim, device=loc.device)]
-        scale = buf[:, FP8_INDEX_PAGE * dim :].view(torch.float32)[page, slot]
-        return fp8_kv.dequantize_index_k(codes, scale, dtype)
+        scale = buf[:, layout.INDEX_PAGE * dim :].view(torch.float32)[page, slot]
+        return layout.dequantize_index_k(codes, scale, dtype)
 
     def latent_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Latent+rope rows of the slots `loc` as [len(loc), kv_lora_rank + rope] in dtype (FP8: dequantized)."""
@@ -159,14 +157,14 @@ class TorchDSAKVPool(DSATokenToKVPool):
         rows = buf.view(buf.shape[0], -1)[loc]
         if not self.fp8:
             return rows.to(dtype)
-        return fp8_kv.dequantize_mla_rows(rows.view(torch.uint8), self.kv_lora_rank, dtype)
+        return layout.dequantize_mla_rows(rows.view(torch.uint8), self.kv_lora_rank, dtype)
 
     def set_mla_kv_buffer(self, layer, loc, cache_k_nope, cache_k_rope, layer_id_override=None):
         # SGLang's FP8 writer is a Triton kernel; on CPU the rows are quantized here, same bytes.
         if not (self.fp8 and torch.device(self.device).type == "cpu"):
             return super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, layer_id_override)
         layer_id = layer.layer_id if layer_id_override is None else layer_id_override
-        rows = fp8_kv.quantize_mla_rows(cache_k_nope.reshape(loc.shape[0], -1), cache_k_rope.reshape(loc.shape[0], -1))
+        rows = layout.quantize_mla_rows(cache_k_nope.reshape(loc.shape[0], -1), cache_k_rope.reshape(loc.shape[0], -1))
         self.mla_rows(layer_id)[loc] = rows
 
     def index_k_pages(self, layer_id: int, page: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 
 from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import indexer_logits, indexer_topk
+from glm_dsa_kernels.layout import INDEX_PAGE
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.sparse_mla import default_config, sparse_mla_fwd, warp_specialized_available
 from glm_dsa_kernels.topk_select import topk_positions
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-INDEX_PAGE = 64  # tokens per index-K page with SGLang's DSA page size
 # Launch shapes whose kernel variants this process has built (Triton keeps them per process):
 # the target and draft models and each draft step's backend need them once.
 _WARMED_UP: set = set()

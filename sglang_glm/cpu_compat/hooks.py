@@ -66,10 +66,10 @@ def _glm_dsa_fp8_kv_on_plugin_backend(model_config, kv_cache_dtype) -> bool:
 
 def _fp8_mla_row_bytes(original, *, model_config, kv_cache_dtype):
     # SGLang sizes FP8 DSA rows for latents that are multiples of 128 only (it asserts); the
-    # plugin's CPU writer also lays out narrower latents (fp8_kv: one scale for the last group).
+    # plugin's CPU writer also lays out narrower latents (layout: one scale for the last group).
     if not _glm_dsa_fp8_kv_on_plugin_backend(model_config, kv_cache_dtype):
         return original(model_config=model_config, kv_cache_dtype=kv_cache_dtype)
-    from sglang_glm.attention.fp8_kv import mla_row_bytes
+    from glm_dsa_kernels.layout import mla_row_bytes
 
     return mla_row_bytes(model_config.kv_lora_rank, model_config.qk_rope_head_dim)
 

@@ -1,17 +1,30 @@
-"""The FP8 KV-cache layouts in plain PyTorch: quantize, dequantize, bytes per token.
+"""GLM-DSA's KV-cache layout, in one place (plain PyTorch): geometry, index-K pages, FP8 formats.
 
-MLA latent rows follow FlashMLA's FP8 layout, which `glm_dsa_kernels.sparse_mla` reads: the
-kv_lora_rank latent values as e4m3 codes with one fp32 absmax scale per 128 values, then the rope
-part in bfloat16. GLM-5.2 (512 + 64): 512 + 4 x 4 + 64 x 2 = 656 bytes. A model whose latent is not
-a multiple of 128 (the bundled glm-dsa-mini: 48) gets one scale for its last, shorter group; for
-multiples of 128 the bytes are exactly FlashMLA's.
-Index keys are e4m3 codes with one fp32 absmax scale per token (128 + 4 = 132 bytes for
-GLM-5.2), stored by `kv_pool.TorchDSAKVPool` in 64-token pages as `glm_dsa_kernels.indexer` reads.
+The kernels (`indexer`, `sparse_mla`), the plugin's KV pool and its CPU writer, the backends and
+the launch checks all read it from here.
+
+MLA latent rows follow FlashMLA's FP8 layout, which `sparse_mla` reads: the kv_lora_rank latent
+values as e4m3 codes with one fp32 absmax scale per 128 values, then the rope part in bfloat16.
+GLM-5.2 (512 + 64): 512 + 4 x 4 + 64 x 2 = 656 bytes. A model whose latent is not a multiple of
+128 (the bundled glm-dsa-mini: 48) gets one scale for its last, shorter group; for multiples of
+128 the bytes are exactly FlashMLA's.
+Index keys are e4m3 codes with one fp32 absmax scale per token (128 + 4 = 132 bytes for GLM-5.2),
+in pages of INDEX_PAGE tokens: a page's codes, then its scales (`pack_index_k_pages`), as
+`indexer` reads them.
 """
 
 from __future__ import annotations
 
 import torch
+
+# The attention geometry the Triton kernels are built for (GLM-5's; other models: the PyTorch backend).
+KV_LORA_RANK = 512
+ROPE_DIM = 64
+D_QK = KV_LORA_RANK + ROPE_DIM  # a latent+rope row: what q . k spans
+D_V = KV_LORA_RANK  # absorbed MLA attends over the latent
+INDEX_HEADS = 32
+INDEX_DIM = 128
+INDEX_PAGE = 64  # tokens per index-K page: SGLang's DSA page size
 
 GROUP = 128  # latent values per fp32 scale (FlashMLA)
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -64,3 +77,21 @@ def quantize_index_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def dequantize_index_k(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(uint8 codes [N, D], fp32 scales [N]) -> [N, D] in dtype."""
     return codes.contiguous().view(torch.float8_e4m3fn).to(dtype) * scale.to(dtype)[:, None]
+
+
+def pack_index_k_pages(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """(uint8 codes [pages, INDEX_PAGE, D], fp32 scales [pages, INDEX_PAGE]) -> FP8 pages
+    uint8 [pages, INDEX_PAGE * (D + 4)]: each page's codes, then its scales."""
+    pages = codes.shape[0]
+    return torch.cat([codes.reshape(pages, -1), scale.contiguous().view(torch.uint8).reshape(pages, -1)], dim=1)
+
+
+def unpack_index_k_pages(k_pages: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 pages -> (uint8 codes [pages, INDEX_PAGE, dim], fp32 scales [pages, INDEX_PAGE])."""
+    pages = k_pages.shape[0]
+    codes = k_pages[:, : INDEX_PAGE * dim].reshape(pages, INDEX_PAGE, dim)
+    return codes, k_pages[:, INDEX_PAGE * dim :].contiguous().view(torch.float32)
+
+
+FP8_ROW_BYTES = mla_row_bytes(KV_LORA_RANK, ROPE_DIM)  # 656
+FP8_INDEX_TOKEN_BYTES = index_k_token_bytes(INDEX_DIM)  # 132
