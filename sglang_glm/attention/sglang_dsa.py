@@ -14,14 +14,14 @@ from sglang.srt.layers.attention.dsa.dsa_indexer import Indexer
 
 class SGLangDsaIndexer(Indexer):
     @classmethod
-    def for_glm(cls, config, layer_id: int, quant_config, prefix: str) -> "SGLangDsaIndexer":
+    def for_glm(cls, config, topk: int, layer_id: int, quant_config, prefix: str) -> "SGLangDsaIndexer":
         rope = dict(getattr(config, "rope_parameters", None) or {})
         return cls(
             hidden_size=config.hidden_size,
             index_n_heads=config.index_n_heads,
             index_head_dim=config.index_head_dim,
             rope_head_dim=config.qk_rope_head_dim,
-            index_topk=config.index_topk,
+            index_topk=topk,
             q_lora_rank=config.q_lora_rank,
             max_position_embeddings=config.max_position_embeddings,
             rope_theta=rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)),

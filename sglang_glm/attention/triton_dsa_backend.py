@@ -85,9 +85,12 @@ class TritonDSABackend(DSABackend):
         (`glm_dsa_kernels.warmup`): eager prefill batches would otherwise build them in a request."""
         from sglang.srt.runtime_context import get_parallel, get_spec
 
+        from sglang_glm.settings import GlmDsaSettings
+
         pool, hf_config = self.token_to_kv_pool, model_runner.model_config.hf_config
         shapes = WarmUpShapes(
-            heads=hf_config.num_attention_heads // get_parallel().attn_tp_size, topk=hf_config.index_topk,
+            heads=hf_config.num_attention_heads // get_parallel().attn_tp_size,
+            topk=GlmDsaSettings.for_this_process(hf_config).index_topk,
             page=self.page, max_keys=self.max_pages * self.page, num_sms=self.num_sms,
             warp_specialized=self.warp_specialized,
             draft_tokens=(get_spec().speculative_num_draft_tokens or 0) if get_spec().speculative_algorithm else 0,

@@ -58,13 +58,13 @@ def _rope(config, rotary_dim: int, interleave: bool):
 class GlmDsaIndexer(nn.Module):
     """Lightning indexer of a full layer: scores every cached key, keeps the top-k per query."""
 
-    def __init__(self, config, layer_id: int, quant_config: Optional[QuantizationConfig], prefix: str):
+    def __init__(self, config, topk: int, layer_id: int, quant_config: Optional[QuantizationConfig], prefix: str):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads = config.index_n_heads
         self.head_dim = config.index_head_dim
         self.rope_dim = config.qk_rope_head_dim
-        self.topk = config.index_topk
+        self.topk = topk  # settings.index_topk: the launch override included
         self.wq_b = ReplicatedLinear(
             config.q_lora_rank, self.n_heads * self.head_dim, bias=False,
             quant_config=quant_config, prefix=add_prefix("wq_b", prefix),
@@ -110,8 +110,8 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     if settings.indexer == SGLANG_INDEXER:
         from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
 
-        return SGLangDsaIndexer.for_glm(config, layer_id, quant_config, prefix)
-    return GlmDsaIndexer(config, layer_id, quant_config, prefix)
+        return SGLangDsaIndexer.for_glm(config, settings.index_topk, layer_id, quant_config, prefix)
+    return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
 class GlmDsaAttention(nn.Module):
