@@ -33,7 +33,7 @@ from sglang.srt.utils import add_prefix
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
 from sglang_glm.models.weights import dequantized_weight, expert_params_mapping, load_tensor
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
-from sglang_glm.mtp.recycle import POST_NORM
+from sglang_glm.mtp.recycle import carried_hidden
 from sglang_glm.settings import GlmDsaSettings, module_config
 from sglang_glm.topk_buffer import TopkBuffer
 
@@ -150,8 +150,8 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
         if not is_draft_step and self.settings.index_share and not mode.is_idle():
             self._store_last_accepted(forward_batch)
-        aux = None if self.settings.recycle == POST_NORM else [pre]
-        return self.logits_processor(input_ids, post, self.lm_head, forward_batch, aux_hidden_states=aux)
+        return self.logits_processor(input_ids, post, self.lm_head, forward_batch,
+                                     aux_hidden_states=carried_hidden(self.settings.recycle, pre))
 
     def _store_last_accepted(self, forward_batch: ForwardBatch) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""

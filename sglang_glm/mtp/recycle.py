@@ -33,3 +33,12 @@ def resolve_recycle_policy(config, override: dict | None = None) -> str:
             f"{PRE_NORM!r} (carry x before the norm)"
         )
     return value
+
+
+def carried_hidden(policy: str, pre_norm):
+    """The draft model's `aux_hidden_states` argument to SGLang's LogitsProcessor, which is where
+    the carry is decided. The contract: SGLang's EAGLE worker feeds the hidden states the logits
+    output stores into the next draft step, and the processor stores `aux_hidden_states` when given,
+    else the hidden the logits came from (the post-norm one). So post_norm passes None and pre_norm
+    passes the hidden before `shared_head.norm`."""
+    return None if policy == POST_NORM else [pre_norm]
