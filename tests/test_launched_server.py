@@ -1,4 +1,6 @@
-"""The server helper retries a port another process took before the server bound it.
+"""The server helper retries a start-up that failed on a neighbour: a port another process took before
+the server bound it, or a failure the caller names (on the shared GPU, a KV-pool size misread while
+another server loaded).
 
 In a CI run a CPU server lost its port between free_port() and uvicorn's bind; uvicorn logged the
 bind error and hung in shutdown, so the test waited 300 s for a health check that could not come.
@@ -45,7 +47,31 @@ def test_a_port_taken_every_time_fails_with_the_reason(tmp_path):
         s.bind(("127.0.0.1", 0))
         taken = s.getsockname()[1]
     with mock.patch.object(server, "free_port", lambda: taken):
-        with pytest.raises(RuntimeError, match="port taken before the server bound it, 2 times"):
+        with pytest.raises(RuntimeError, match="start-up failed 2 times on 'error while attempting to bind"):
             with server.launched_server(lambda port: [sys.executable, "-c", FAKE, str(port), str(taken)],
                                         tmp_path / "server.log", 60, attempts=2):
                 pass
+
+
+FAILS_ONCE = r"""
+import http.server, pathlib, sys
+marker = pathlib.Path(sys.argv[2])
+if not marker.exists():
+    marker.write_text("")
+    print("ValueError: Loaded weights leave no GPU memory for the KV cache", flush=True)
+    sys.exit(1)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+def test_a_named_transient_failure_is_retried_and_others_are_not(tmp_path):
+    cmd = lambda port: [sys.executable, "-c", FAILS_ONCE, str(port), str(tmp_path / "failed_once")]
+    with server.launched_server(cmd, tmp_path / "a.log", 60, transient=("leave no GPU memory",)) as url:
+        assert requests.get(url + "/health", timeout=5).status_code == 200
+    (tmp_path / "failed_once").unlink()
+    with pytest.raises(RuntimeError, match="server exited with 1"):
+        with server.launched_server(cmd, tmp_path / "b.log", 60):
+            pass

@@ -54,10 +54,12 @@ PORT_TAKEN = "error while attempting to bind on address"
 
 
 @contextlib.contextmanager
-def launched_server(command: Callable[[int], list[str]], log_path, timeout: float = 300.0, attempts: int = 3):
+def launched_server(command: Callable[[int], list[str]], log_path, timeout: float = 300.0, attempts: int = 3,
+                    transient: tuple[str, ...] = ()):
     """Runs command(port) in its own process group; yields its base URL once /health answers and
-    stops the whole group on exit. A port taken before the server bound it is retried on a fresh
-    one. Start-up failure: RuntimeError (exited) or TimeoutError."""
+    stops the whole group on exit. A start-up that failed on a neighbour (a port taken before the
+    server bound it, or a log line in `transient`) is retried, on a fresh port. Start-up failure:
+    RuntimeError (exited) or TimeoutError."""
     for attempt in range(1, attempts + 1):
         port = free_port()
         log = open(log_path, "w")
@@ -66,21 +68,24 @@ def launched_server(command: Callable[[int], list[str]], log_path, timeout: floa
         try:
             deadline = time.time() + timeout
             while not _healthy(url):
+                text = Path(log_path).read_text(errors="replace")
+                cause = next((m for m in (PORT_TAKEN, *transient) if m in text), None)
+                if cause and attempt == attempts:
+                    raise RuntimeError(f"start-up failed {attempts} times on {cause!r}; log: {log_path}")
+                if cause:
+                    break
                 if proc.poll() is not None:
                     raise RuntimeError(f"server exited with {proc.returncode}; log: {log_path}")
-                if PORT_TAKEN in Path(log_path).read_text(errors="replace"):
-                    break
                 if time.time() > deadline:
                     raise TimeoutError(f"server not healthy after {timeout}s; log: {log_path}")
                 time.sleep(1)
             else:
                 yield url
                 return
-            if attempt == attempts:
-                raise RuntimeError(f"port taken before the server bound it, {attempts} times; log: {log_path}")
         finally:
             _stop(proc)
             log.close()
+        time.sleep(5 * attempt)  # let the neighbour finish what it was doing
 
 
 def _stop(proc: subprocess.Popen) -> None:

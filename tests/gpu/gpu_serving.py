@@ -58,6 +58,10 @@ GPU_SERVER_ARGS = (
 )
 
 
+# SGLang sizes its KV pool from the free memory it sees after loading weights; a neighbour server
+# loading at the same moment on the shared GPU can make that look like no room at all.
+MEMORY_RACE = "leave no GPU memory for the KV cache"
+
 # Servers and engines started from the suite import the test-side stand-ins (standins/README.md).
 STANDINS = Path(__file__).parent / "standins"
 if torch.cuda.is_available():
@@ -96,7 +100,7 @@ def gpu_server(model_path, name: str, *args: str, timeout: float = 420.0, env: d
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        with launched_server(command, log, timeout) as url:
+        with launched_server(command, log, timeout, transient=(MEMORY_RACE,)) as url:
             yield url
     finally:
         for k, v in old.items():
