@@ -94,7 +94,7 @@ def test_triton_backend_refuses_other_geometries_at_launch():
 
 
 def _runner(req_to_token, page_size=64):
-    return SimpleNamespace(device=torch.device("cpu"), page_size=page_size,
+    return SimpleNamespace(device="cpu", page_size=page_size,  # SGLang's ModelRunner holds a string
                            model_config=SimpleNamespace(context_len=req_to_token.shape[1]),
                            req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
                            token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None))

@@ -27,7 +27,7 @@ class DSABackend(AttentionBackend, DsaIndexBackend):
 
     def __init__(self, model_runner: "ModelRunner"):
         super().__init__()
-        self.device = model_runner.device
+        self.device = torch.device(model_runner.device)  # SGLang's ModelRunner holds a string ("cuda")
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.token_to_kv_pool.check_served_by(self.name)
