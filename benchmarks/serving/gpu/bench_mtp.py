@@ -93,8 +93,8 @@ def parting_margins(model: Path, prompts: list[str], plain: list[list[int]], oth
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, required=True, help="a trained GLM-DSA checkpoint with its MTP layer")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", type=Path, help="a trained GLM-DSA checkpoint with its MTP layer")
+    ap.add_argument("--out", type=Path)
     ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
     ap.add_argument("--workloads", nargs="+", default=list(BATCHES))
     ap.add_argument("--tables", type=Path, default=None, help="only rebuild the tables from this mtp_results.jsonl")
@@ -106,6 +106,8 @@ def main() -> None:
     if args.tables:
         write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent)
         return
+    if not (args.model and args.out):
+        ap.error("--model and --out are required unless --tables is given")
     args.model, args.out = args.model.resolve(), args.out.resolve()
     t0 = time.time()
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
@@ -168,6 +170,10 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
                 token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])), "of": len(texts),
                                    "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
         (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
+        for n, rep in token_report.items():
+            print(f"[{n}] greedy tokens: {rep['identical']} of {rep['of']} prompts identical to plain; partings "
+                  f"(prompt, token, reference margin): {[(p['prompt'], p['token'], p['reference_margin']) for p in rep['partings']]}",
+                  flush=True)
         for r in range(args.repeats):
             for n in up[r % len(up):] + up[: r % len(up)]:
                 timed_from = time.time()
@@ -232,7 +238,8 @@ def write_tables(rows: list[dict], out: Path) -> None:
              "|---|" + "---|" * len(batches)]
     for name, per in shapes.items():
         cells = [f"{c['speedup']:.2f}x [{c['speedup_range'][0]:.2f}-{c['speedup_range'][1]:.2f}] "
-                 f"({c['accept_length'] or 0:.2f})" if (c := per.get(str(b))) else "" for b in batches]
+                 + (f"({c['accept_length']:.2f})" if c["accept_length"] else "(n/a)") if (c := per.get(str(b))) else ""
+                 for b in batches]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     (out / "mtp_shapes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
