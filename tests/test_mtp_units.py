@@ -7,7 +7,7 @@ import torch
 from sglang_glm.mtp.acceptance import AcceptanceStats
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
 from sglang_glm.mtp.recycle import POST_NORM, PRE_NORM, RecyclePolicyError, resolve_recycle_policy
-from sglang_glm.mtp.validate import UnsupportedSpecConfig, check_spec_args
+from sglang_glm.launch_policy import UnsupportedSpecConfig, check_spec_args
 
 
 # ---- index share: compaction to each request's last accepted token ---------------------------

@@ -1,0 +1,110 @@
+"""Launch policy for GLM-DSA: the plugin's server-arg decisions as pure functions of the checkpoint's
+config and what the user passed, and the speculative combinations it refuses by name.
+
+`hooks/launch.py` adapts SGLang's server-arg resolution to these functions. Nothing here imports
+SGLang, so every decision is testable from a config and a few flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sglang_glm.attention.backends import PLUGIN_BACKENDS, TRITON_BACKEND, triton_geometry_problem
+from sglang_glm.warmup import NAME as PREFILL_WARMUP
+
+
+@dataclass(frozen=True)
+class UserArgs:
+    """The server args the policy reads, as the user gave them (None: left to defaults)."""
+
+    attention_backends: tuple[Optional[str], Optional[str], Optional[str]]  # --attention-backend, prefill, decode
+    kv_cache_dtype: Optional[str]
+    page_size: Optional[int]
+    warmups: Optional[str]
+    speculative_eagle_topk: Optional[int]
+
+
+def launch_decisions(hf_config: Any, user: UserArgs, on_cpu: bool) -> dict[str, Any]:
+    """The server args the plugin resolves for a GLM-DSA launch ({name: value}); raises ValueError
+    for a launch its kernels cannot serve, before any weight loads."""
+    decisions: dict[str, Any] = {}
+    # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
+    # the path this project runs (README, "On a GPU deployment").
+    default_triton = not on_cpu and user.attention_backends == (None, None, None)
+    problem = triton_geometry_problem(hf_config)
+    if problem and (default_triton or TRITON_BACKEND in user.attention_backends):
+        raise ValueError(problem)  # else the kernels would stop the scheduler at its first forward
+    if default_triton:
+        decisions["attention_backend"] = TRITON_BACKEND
+    # Every prefill size class served once before the server reports ready (sglang_glm.warmup).
+    if not on_cpu and user.warmups is None:
+        decisions["warmups"] = PREFILL_WARMUP
+    # The CPU cache keeps the model dtype (SGLang's DSA default picks a GPU cache dtype).
+    if on_cpu and user.kv_cache_dtype == "auto":
+        decisions["kv_cache_dtype"] = "auto"
+    # SGLang forces 64-token pages on DSA models and serves eagle topk > 1 with pages > 1 only on
+    # flashinfer/fa3/triton; the plugin's backends serve tree drafts with page size 1.
+    topk = user.speculative_eagle_topk
+    if topk is not None and topk > 1 and user.page_size in (None, 1):
+        decisions["page_size"] = 1
+    return decisions
+
+
+def prefill_cuda_graphs(attention_backend: Optional[str]) -> bool:
+    """Whether prefill may run under CUDA graphs: not on the plugin's backends, which lay every
+    prefill batch out anew (ragged extend lengths); their decode-shaped passes are captured."""
+    return attention_backend not in PLUGIN_BACKENDS
+
+
+class UnsupportedSpecConfig(ValueError):
+    pass
+
+
+def check_spec_args(cfg: Any, on_cpu: bool) -> None:
+    """Refuses, by flag, every speculative combination the plugin's MTP path cannot serve correctly
+    (`cfg`: server args after SGLang filled its EAGLE defaults)."""
+    algo = (getattr(cfg, "speculative_algorithm", None) or "").upper()
+    if not algo:
+        return
+    problems = []
+    if algo not in ("EAGLE", "NEXTN"):
+        problems.append(
+            f"--speculative-algorithm {algo}: GLM-DSA drafts with its MTP layer; use EAGLE or NEXTN"
+        )
+    if getattr(cfg, "enable_multi_layer_eagle", False):
+        problems.append("--enable-multi-layer-eagle: GLM-DSA ships one MTP layer, applied recursively")
+    if on_cpu and getattr(cfg, "speculative_use_rejection_sampling", False):
+        problems.append(
+            "--speculative-use-rejection-sampling: the CPU path verifies greedily only"
+        )
+    if getattr(cfg, "speculative_adaptive", False):
+        problems.append("adaptive speculative decoding is not supported with the GLM-DSA MTP draft")
+    topk = getattr(cfg, "speculative_eagle_topk", None) or 1
+    page_size = getattr(cfg, "page_size", None) or 1
+    if topk > 1 and getattr(cfg, "kv_cache_dtype", None) == "fp8_e4m3":
+        problems.append(
+            f"--speculative-eagle-topk {topk} with --kv-cache-dtype fp8_e4m3: tree drafts run with page "
+            "size 1, and FP8 index keys are laid out in 64-token pages; use a bfloat16 KV cache for "
+            "tree drafts, or --speculative-eagle-topk 1"
+        )
+    if topk > 1 and page_size > 1:
+        problems.append(
+            f"--speculative-eagle-topk {topk} with --page-size {page_size}: tree drafts need "
+            "--page-size 1 on the plugin's DSA backend"
+        )
+    steps = getattr(cfg, "speculative_num_steps", None)
+    draft_tokens = getattr(cfg, "speculative_num_draft_tokens", None)
+    if steps is not None and steps < 1:
+        problems.append(f"--speculative-num-steps {steps}: need at least 1 draft step")
+    if topk == 1 and steps is not None and draft_tokens is not None and draft_tokens != steps + 1:
+        problems.append(
+            f"--speculative-num-draft-tokens {draft_tokens} with --speculative-eagle-topk 1 and "
+            f"--speculative-num-steps {steps}: a chain drafts exactly num_steps + 1 = {steps + 1} "
+            "tokens (the bonus token plus one per step)"
+        )
+    if problems:
+        raise UnsupportedSpecConfig(
+            "GLM-DSA speculative decoding (sglang-glm) cannot serve this configuration:\n  - "
+            + "\n  - ".join(problems)
+        )

@@ -1,0 +1,49 @@
+"""The launch policy as pure functions: what a GLM-DSA launch resolves to, per platform and flags.
+
+The hooks that hand these decisions to SGLang run in the CPU server tests (test_cuda_plumbing.py's
+launch failures, the MTP and engine tests); here each rule is checked on its own, with the config
+fields it reads and nothing else.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_glm.attention.backends import TORCH_BACKEND, TRITON_BACKEND, triton_geometry
+from sglang_glm.launch_policy import UserArgs, launch_decisions, prefill_cuda_graphs
+from sglang_glm.warmup import NAME as PREFILL_WARMUP
+
+GLM5 = SimpleNamespace(**triton_geometry())
+NARROW = SimpleNamespace(**{**triton_geometry(), "kv_lora_rank": 48})  # a tiny model's geometry
+
+
+def user(backend=None, kv="auto", page=None, warmups=None, topk=None):
+    return UserArgs(attention_backends=(backend, None, None), kv_cache_dtype=kv, page_size=page,
+                    warmups=warmups, speculative_eagle_topk=topk)
+
+
+@pytest.mark.parametrize("config, args, on_cpu, expected", [
+    (GLM5, user(), False, {"attention_backend": TRITON_BACKEND, "warmups": PREFILL_WARMUP}),
+    (GLM5, user(backend=TORCH_BACKEND), False, {"warmups": PREFILL_WARMUP}),
+    (GLM5, user(warmups="none"), False, {"attention_backend": TRITON_BACKEND}),
+    (NARROW, user(backend=TORCH_BACKEND), False, {"warmups": PREFILL_WARMUP}),
+    (GLM5, user(), True, {"kv_cache_dtype": "auto"}),
+    (NARROW, user(kv="bfloat16"), True, {}),
+    (GLM5, user(topk=2), True, {"kv_cache_dtype": "auto", "page_size": 1}),
+    (GLM5, user(topk=2, page=1), True, {"kv_cache_dtype": "auto", "page_size": 1}),
+    (GLM5, user(topk=2, page=64), True, {"kv_cache_dtype": "auto"}),  # refused later, by check_spec_args
+    (GLM5, user(topk=1), True, {"kv_cache_dtype": "auto"}),
+])
+def test_launch_decisions(config, args, on_cpu, expected):
+    assert launch_decisions(config, args, on_cpu) == expected
+
+
+@pytest.mark.parametrize("args", [user(), user(backend=TRITON_BACKEND)])
+def test_triton_on_another_geometry_is_refused_by_name(args):
+    with pytest.raises(ValueError, match=rf"kv_lora_rank=48.*--attention-backend {TORCH_BACKEND}"):
+        launch_decisions(NARROW, args, on_cpu=False)
+
+
+def test_prefill_graphs_only_off_the_plugins_backends():
+    assert not prefill_cuda_graphs(TRITON_BACKEND) and not prefill_cuda_graphs(TORCH_BACKEND)
+    assert prefill_cuda_graphs("flashinfer") and prefill_cuda_graphs(None)
