@@ -5,7 +5,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from sglang_glm.cpu_compat.server import cpu_server
+from sglang_glm_tools.server import cpu_server
 
 MODEL = Path(__file__).resolve().parent.parent / "assets" / "glm-dsa-mini"
 MTP_ARGS = (

@@ -8,7 +8,7 @@ import json
 import torch
 
 from sglang_glm.cpu_compat import CPU_ENGINE_ARGS
-from sglang_glm.cpu_compat.server import cpu_server, failed_launch  # noqa: F401
+from sglang_glm_tools.server import cpu_server, failed_launch  # noqa: F401
 
 ENGINE_DEFAULTS = dict(**CPU_ENGINE_ARGS, max_running_requests=16, log_level="warning")
 

@@ -13,7 +13,6 @@ On CPU MTP verifies greedily, so every request sets temperature 0 (others are re
 
 import json
 import re
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from transformers import AutoTokenizer
 
 from serving import http_server
 from glm_dsa_kernels import layout
+from sglang_glm_tools.chat_data import ADD_TOOL as ADD  # the tools the chat model was fine-tuned with
+from sglang_glm_tools.chat_data import WEATHER_TOOL as WEATHER
 
 pytestmark = pytest.mark.slow
 
@@ -36,9 +37,6 @@ REFERENCE_FLAGS = (
     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6",
     "--kv-cache-dtype", "fp8_e4m3", "--max-running-requests", "32",
 )
-sys.path.insert(0, str(ROOT / "benchmarks" / "train"))
-from chat_data import ADD_TOOL as ADD  # noqa: E402  the tools the chat model was fine-tuned with
-from chat_data import WEATHER_TOOL as WEATHER  # noqa: E402
 
 GREEDY = {"temperature": 0, "max_tokens": 64}
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "<|user|>", "<|observation|>")

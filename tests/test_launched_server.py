@@ -15,7 +15,7 @@ from unittest import mock
 import pytest
 import requests
 
-from sglang_glm.cpu_compat import server
+from sglang_glm_tools import server
 
 FAKE = r"""
 import http.server, sys, time

@@ -10,17 +10,16 @@ median of CUDA-graph replays with L2 evicted (`bench_kernels.bench`); each row's
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_kernels import bench, decode_indexer_inputs  # noqa: E402
+# Run as a script, this folder is on sys.path already.
+from bench_kernels import bench, decode_indexer_inputs
 
-from glm_dsa_kernels import indexer, sparse_mla  # noqa: E402
-from glm_dsa_kernels.indexer import IndexerConfig, indexer_topk  # noqa: E402
-from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_fwd  # noqa: E402
+from glm_dsa_kernels import indexer, sparse_mla
+from glm_dsa_kernels.indexer import IndexerConfig, indexer_topk
+from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_fwd
 
 TOPK, HEADS, POOL = 2048, 64, 200_000
 OLD_MLA = SparseMLAConfig(64, 64, 2, num_warps=8, num_stages=4)  # the old rule below one wave

@@ -4,7 +4,7 @@ Starts from the committed glm-dsa-mini, adds GLM's special tokens to its tokeniz
 template (`sglang_glm_tools.chat_format`), grows the embedding and lm head by those rows (new rows
 start at the mean of the old ones, so no new token wins before training), and trains briefly with
 train.py's losses (sparse DSA, indexer distillation, MTP; 1 depth by default, to fit a CPU budget) on a mix of synthetic
-GLM-format conversations (`chat_data.py`) and standard-library source from the training split.
+GLM-format conversations (`sglang_glm_tools.chat_data`) and standard-library source from the training split.
 Writes the checkpoint (bf16, as the bundled model) and, next to this script (or in --log-dir),
 finetune_chat_log.csv and finetune_chat_summary.json.
 """
@@ -22,10 +22,10 @@ import torch
 from transformers import AutoTokenizer
 
 # Run as a script: its folder is on sys.path, so the training modules beside it import by name.
-from chat_data import conversation, render
 from prepare_data import read, split_of, stdlib_files
 from train import ExpertLoad, losses
 
+from sglang_glm_tools.chat_data import conversation, render
 from sglang_glm_tools.chat_format import add_chat_format, stop_token_ids
 from sglang_glm_tools.checkpoint import build_config, write_checkpoint
 from sglang_glm_tools.reference import GlmDsaForCausalLM

@@ -21,9 +21,13 @@ CPU_ENV = {
 }
 
 # sgl.Engine arguments for the CPU path: float32 for exact tokens, no CUDA graphs, a small pool
-# (several engines side by side in a small machine's memory). CPU_SERVER_ARGS (server.py) are the
-# launch_server flags for the same.
+# (several engines side by side in a small machine's memory); CPU_SERVER_ARGS: the same as
+# `launch_server` flags.
 CPU_ENGINE_ARGS = {"dtype": "float32", "device": "cpu", "disable_cuda_graph": True, "max_total_tokens": 8192}
+CPU_SERVER_ARGS = (
+    "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
+    "--max-total-tokens", "8192",
+)
 
 
 def activate() -> None:
@@ -36,6 +40,7 @@ def activate() -> None:
         )
     os.environ.update(CPU_ENV)
     stubs = str(STUBS_DIR)
+    # The stand-in `sgl_kernel` must import in this process too; PYTHONPATH below reaches only its children.
     if stubs not in sys.path:
         sys.path.insert(0, stubs)
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

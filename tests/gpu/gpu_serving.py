@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_glm.cpu_compat.server import launched_server
+from sglang_glm_tools.server import launched_server
 
 MARGIN = 0.4  # nats of the reference's top-2 logit gap
 MAX_NEAR_TIE_FRACTION = 0.25

@@ -45,11 +45,11 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_glm_tools.serving_bench import run_bench_serving, server, write_dataset
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-sys.path.insert(0, str(HERE.parent))  # benchmarks/serving: the CPU benchmark's server helper
 
-from bench_serving import run_bench_serving, server, write_dataset  # noqa: E402
 
 def eagle(steps: int) -> list[str]:
     """An EAGLE chain through the MTP layer: `steps` draft steps, steps + 1 tokens verified."""
@@ -63,7 +63,7 @@ GPU_SERVER_ARGS = [
     "--dtype", "bfloat16",
     "--cuda-graph-max-bs-decode", "64", "--chunked-prefill-size", "16384",
     "--sampling-backend", "pytorch", "--grammar-backend", "none", "--log-level", "info",
-    "--decode-log-interval", "200",  # overrides the CPU benchmark's per-step log line: no scheduler spam
+    "--decode-log-interval", "200",  # overrides serving_bench.server's per-step log line: no scheduler spam
 ]
 # A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
 # every token to the same experts, so SGLang's switch spreads them (never with trained weights).
@@ -173,8 +173,8 @@ def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
 
 
 def bench_serving(url: str, model: Path, w: Workload, out_file: Path, client=None) -> dict:
-    """One `python -m sglang.bench_serving` run (the CPU benchmark's client, or a kept
-    `BenchClient`); its result line."""
+    """One `python -m sglang.bench_serving` run (in its own process, or a kept `BenchClient`);
+    its result line."""
     argv = ["--backend", "sglang", "--base-url", url, "--model", str(model), "--tokenizer", str(model),
             *dataset_args(model, w, out_file.parent), "--num-prompts", str(w.prompts),
             "--max-concurrency", str(w.batch), "--seed", "0", "--warmup-requests", "1",

@@ -45,7 +45,8 @@ from pathlib import Path
 import requests
 
 from bench_gpu import configs, hardware, server_setup
-from bench_serving import HELDOUT, server
+
+from sglang_glm_tools.serving_bench import HELDOUT, server
 
 # First match wins; names are the kernels' own (Triton function names, SGLang JIT and CUTLASS symbols).
 FAMILIES = [

@@ -1,8 +1,8 @@
 """Start and stop a real SGLang HTTP server on CPU (`sglang_glm.cpu_compat.launch_server`).
 
-Used by the CPU demo, the tests and the serving benchmarks (which also run `launched_server`
-with `sglang.launch_server` on a GPU machine). The server runs in its own process group, because
-SGLang's scheduler and detokenizer outlive a killed main process.
+Used by the CPU demo, the tests and the serving benchmarks (the GPU suite and the GPU benchmarks
+also run `launched_server` with `sglang.launch_server`). The server runs in its own process group,
+because SGLang's scheduler and detokenizer outlive a killed main process.
 """
 
 from __future__ import annotations
@@ -19,11 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-# Small pools keep several servers within a small machine's memory; float32 for exact tokens.
-CPU_SERVER_ARGS = (
-    "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
-    "--max-total-tokens", "8192",
-)
+from sglang_glm.cpu_compat import CPU_SERVER_ARGS
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""Synthetic GLM-format conversations for the chat fine-tune: reasoning, tool calls, tool results.
+"""Synthetic GLM-format conversations for the chat fine-tune (benchmarks/train/finetune_chat.py):
+reasoning, tool calls, tool results; its tools are the ones the chat tests offer the served model.
 
 Each conversation is a list of OpenAI-style messages plus the tools offered, rendered with the
 checkpoint's own chat template (`sglang_glm_tools.chat_format`), so training text and served prompts
