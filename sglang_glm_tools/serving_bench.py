@@ -19,7 +19,6 @@ from sglang_glm.cpu_compat import CPU_SERVER_ARGS
 from sglang_glm_tools.server import launched_server
 
 # The repository's held-out training text (benchmarks/ is not in the wheel).
-HELDOUT = Path(__file__).resolve().parents[1] / "benchmarks" / "train" / "data" / "heldout.txt"
 
 
 def on_cpu() -> bool:
@@ -50,9 +49,10 @@ def server(model: Path, extra: list[str], log_path: Path, max_running: int, time
         yield url, None
 
 
-def write_dataset(path: Path, n: int = 200, chunk: int = 1200) -> Path:
-    """Held-out Python source as ShareGPT-layout conversations (human: a chunk, gpt: the next)."""
-    text = HELDOUT.read_text() if HELDOUT.exists() else Path(json.__file__).read_text()
+def write_dataset(path: Path, heldout: Path, n: int = 200, chunk: int = 1200) -> Path:
+    """The held-out text (`heldout`, the benchmarks' benchmarks/train/data/heldout.txt) as ShareGPT-layout
+    conversations (human: a chunk, gpt: the next)."""
+    text = heldout.read_text()
     rows = []
     for i in range(n):
         a = (i * 977) % max(1, len(text) - 2 * chunk)

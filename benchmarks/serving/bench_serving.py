@@ -34,6 +34,7 @@ from sglang_glm_tools.serving_bench import on_cpu, run_bench_serving, server, wr
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 RESULTS = HERE / "results"
+HELDOUT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"
 BUNDLED = ROOT / "assets" / "glm-dsa-mini"
 
 # IndexCache "on": the plan from the calibration search on glm-dsa-mini (benchmarks/calibration);
@@ -154,7 +155,7 @@ def main():
         activate()  # the bench_serving client subprocess imports sglang too
 
     RESULTS.mkdir(exist_ok=True)
-    dataset = write_dataset(RESULTS / "heldout_sharegpt.json")
+    dataset = write_dataset(RESULTS / "heldout_sharegpt.json", HELDOUT)
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
     machine = ("CPU, " + f"{os.cpu_count()} cores (shared)") if on_cpu() else "GPU"
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine,

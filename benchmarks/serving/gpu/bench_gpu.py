@@ -49,6 +49,7 @@ from sglang_glm_tools.serving_bench import run_bench_serving, server, write_data
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
+HELDOUT = ROOT / "benchmarks" / "train" / "data" / "heldout.txt"  # the text workloads' prompts
 
 
 def eagle(steps: int) -> list[str]:
@@ -161,12 +162,12 @@ def hardware() -> str:
 
 def dataset_args(model: Path, w: Workload, out: Path) -> list[str]:
     if w.dataset == "text":
-        path = write_dataset(out / "heldout_sharegpt.json")
+        path = write_dataset(out / "heldout_sharegpt.json", HELDOUT)
         return ["--dataset-name", "sharegpt", "--dataset-path", str(path), "--sharegpt-output-len", str(w.output_len)]
     # make_glm52_shaped.py writes the random dataset's source text; other models take the held-out text
     source = model / "prompts_sharegpt.json"
     if not source.exists():
-        source = write_dataset(out / "heldout_sharegpt.json")
+        source = write_dataset(out / "heldout_sharegpt.json", HELDOUT)
     return ["--dataset-name", "random", "--dataset-path", str(source),
             "--random-input-len", str(w.input_len), "--random-output-len", str(w.output_len),
             "--random-range-ratio", "1.0"]

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
+from bench_gpu import HELDOUT, KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
 from startup_breakdown import breakdown
 
-from sglang_glm_tools.serving_bench import HELDOUT, BenchClient, server
+from sglang_glm_tools.serving_bench import BenchClient, server
 
 PLAIN = "indexcache"
 DEFAULT_CONFIGS = ["eagle_1_2", "eagle_2_3", "eagle_3_4", "eagle_5_6", "eagle_3_4_no_overlap"]

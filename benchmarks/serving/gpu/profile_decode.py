@@ -44,9 +44,9 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import configs, hardware, server_setup
+from bench_gpu import HELDOUT, configs, hardware, server_setup
 
-from sglang_glm_tools.serving_bench import HELDOUT, server
+from sglang_glm_tools.serving_bench import server
 
 # First match wins; names are the kernels' own (Triton function names, SGLang JIT and CUTLASS symbols).
 FAMILIES = [
