@@ -13,7 +13,7 @@ from transformers import GlmMoeDsaConfig
 
 from sglang_glm.hooks import memory, speculative
 from sglang_glm.attention.kv_pool import TorchDSAKVPool
-from sglang_glm.models import glm_dsa
+from sglang_glm.models.attention import GlmDsaIndexer, build_indexer
 from sglang_glm.settings import GLM_INDEXER, SGLANG_INDEXER, GlmDsaSettings
 
 BACKENDS = "sglang.srt.runtime_context.attention_backends"
@@ -39,7 +39,7 @@ def test_sglang_dsa_backend_gets_sglang_indexer_with_glm_geometry():
     settings = GlmDsaSettings.from_config(config, {}, ("dsa", "dsa"))
     assert settings.indexer == SGLANG_INDEXER
     with mock.patch("sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.__init__", fake_init):
-        indexer = glm_dsa.build_indexer(config, settings, 6, None, "model.layers.6.self_attn.indexer")
+        indexer = build_indexer(config, settings, 6, None, "model.layers.6.self_attn.indexer")
     assert isinstance(indexer, SGLangDsaIndexer)
     assert captured["layer_id"] == 6 and captured["index_topk"] == 2048
     assert (captured["index_n_heads"], captured["index_head_dim"], captured["rope_head_dim"]) == (32, 128, 64)
@@ -53,8 +53,8 @@ def test_plugin_backends_get_the_plugin_indexer_with_its_layer_id():
     for backends in [("glm_dsa_torch",) * 2, ("glm_dsa_triton",) * 2]:
         settings = GlmDsaSettings.from_config(config, {}, backends)
         assert settings.indexer == GLM_INDEXER
-        indexer = glm_dsa.build_indexer(config, settings, 1, None, "model.layers.1.self_attn.indexer")
-        assert isinstance(indexer, glm_dsa.GlmDsaIndexer) and indexer.layer_id == 1
+        indexer = build_indexer(config, settings, 1, None, "model.layers.1.self_attn.indexer")
+        assert isinstance(indexer, GlmDsaIndexer) and indexer.layer_id == 1
 
 
 def test_kv_pool_follows_the_attention_backend():

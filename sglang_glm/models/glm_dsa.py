@@ -1,9 +1,10 @@
 """GLM-DSA (GLM-5 / 5.1 / 5.2) for SGLang: MLA + DeepSeek sparse attention, IndexCache, MoE.
 
-Reads top to bottom: the lightning indexer of a full layer, MLA attention that consumes top-k from
-the top-k buffer, the decoder layer, the model, the causal LM with weight loading.
-Only full layers (per the IndexCache plan) construct an indexer; every layer's sparse attention
-reads the indices the most recent full layer wrote into the one `TopkBuffer`.
+Reads top to bottom: the decoder layer, the model, the causal LM with weight loading. The layer's
+attention (MLA that consumes top-k from the top-k buffer, and the lightning indexer of a full
+layer) is `models/attention.py`. Only full layers (per the IndexCache plan) construct an indexer;
+every layer's sparse attention reads the indices the most recent full layer wrote into the one
+`TopkBuffer`.
 """
 
 from __future__ import annotations
@@ -14,21 +15,17 @@ from typing import Callable, Iterable, Optional
 import torch
 from torch import nn
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
-from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.layers.utils import PPMissingLayer
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
-from sglang.srt.model_executor.forward_context import get_attn_backend
 from sglang.srt.models.deepseek_v2 import DeepseekV2MLP, DeepseekV2MoE, pp_stage_needs_embedding
 from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.utils import add_prefix, make_pp_layers
 
-from sglang_glm.attention.backends import DsaIndexBackend
 from sglang_glm.layer_plan import LayerPlan
+from sglang_glm.models.attention import GlmDsaAttention
 from sglang_glm.models.weights import (
     CheckpointAccounting,
     dequantized_weight,
@@ -39,185 +36,6 @@ from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings, module_config
 from sglang_glm.topk_buffer import TopkBuffer
 
 logger = logging.getLogger(__name__)
-
-
-def _rope(config, rotary_dim: int, interleave: bool):
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    scaling = params if params.get("rope_type", "default") != "default" else None
-    return get_rope(
-        rotary_dim,
-        rotary_dim=rotary_dim,
-        max_position=config.max_position_embeddings,
-        base=theta,
-        rope_scaling=scaling,
-        is_neox_style=not interleave,
-    )
-
-
-class GlmDsaIndexer(nn.Module):
-    """Lightning indexer of a full layer: scores every cached key, keeps the top-k per query."""
-
-    def __init__(self, config, topk: int, layer_id: int, quant_config: Optional[QuantizationConfig], prefix: str):
-        super().__init__()
-        self.layer_id = layer_id
-        self.n_heads = config.index_n_heads
-        self.head_dim = config.index_head_dim
-        self.rope_dim = config.qk_rope_head_dim
-        self.topk = topk  # settings.index_topk: the launch override included
-        self.wq_b = ReplicatedLinear(
-            config.q_lora_rank, self.n_heads * self.head_dim, bias=False,
-            quant_config=quant_config, prefix=add_prefix("wq_b", prefix),
-        )
-        self.wk = ReplicatedLinear(
-            config.hidden_size, self.head_dim, bias=False,
-            quant_config=quant_config, prefix=add_prefix("wk", prefix),
-        )
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
-        # GLM keeps the head weights unquantized (modules_to_not_convert).
-        self.weights_proj = ReplicatedLinear(
-            config.hidden_size, self.n_heads, bias=False, quant_config=None,
-            prefix=add_prefix("weights_proj", prefix),
-        )
-        self.rotary_emb = _rope(config, self.rope_dim, getattr(config, "indexer_rope_interleave", True))
-
-    def forward(
-        self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend
-    ) -> torch.Tensor:
-        q, _ = self.wq_b(q_lora)
-        q = q.view(-1, self.n_heads, self.head_dim)
-        k, _ = self.wk(hidden_states)
-        k = self.k_norm(k).unsqueeze(1)
-        # RoPE covers the first rope_dim dims of each index head (transformers' layout).
-        q_rot, k_rot = self.rotary_emb(
-            positions, q[..., : self.rope_dim].contiguous(), k[..., : self.rope_dim].contiguous()
-        )
-        q = torch.cat([q_rot.view(q.shape[0], self.n_heads, -1), q[..., self.rope_dim :]], dim=-1)
-        k = torch.cat([k_rot.view(k.shape[0], 1, -1), k[..., self.rope_dim :]], dim=-1).squeeze(1)
-        weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
-        weights = weights.float() * self.n_heads**-0.5
-        backend.store_index_k(self.layer_id, k, forward_batch)
-        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
-
-
-def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config, prefix: str) -> nn.Module:
-    """The indexer of a full layer, matching the attention backend that consumes its top-k.
-
-    SGLang's `dsa` backend reads index keys from its FP8 index-K pool, which only SGLang's own
-    indexer writes, so with it the layer owns SGLang's `Indexer` (not run here: FlashMLA and
-    DeepGEMM cannot be installed on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
-    """
-    if settings.indexer == SGLANG_INDEXER:
-        from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
-
-        return SGLangDsaIndexer.for_glm(config, settings.index_topk, layer_id, quant_config, prefix)
-    return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
-
-
-class GlmDsaAttention(nn.Module):
-    """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
-
-    def __init__(
-        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str
-    ):
-        super().__init__()
-        tp_size = get_parallel().attn_tp_size
-        self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads // tp_size
-        self.qk_nope_head_dim = config.qk_nope_head_dim
-        self.qk_rope_head_dim = config.qk_rope_head_dim
-        self.v_head_dim = config.v_head_dim
-        self.kv_lora_rank = config.kv_lora_rank
-        qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        self.q_a_proj = ReplicatedLinear(
-            config.hidden_size, config.q_lora_rank, bias=False,
-            quant_config=quant_config, prefix=add_prefix("q_a_proj", prefix),
-        )
-        self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
-        self.q_b_proj = ColumnParallelLinear(
-            config.q_lora_rank, config.num_attention_heads * qk_head_dim, bias=False,
-            quant_config=quant_config, prefix=add_prefix("q_b_proj", prefix),
-        )
-        self.kv_a_proj_with_mqa = ReplicatedLinear(
-            config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim, bias=False,
-            quant_config=quant_config, prefix=add_prefix("kv_a_proj_with_mqa", prefix),
-        )
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=config.rms_norm_eps)
-        self.kv_b_proj = ColumnParallelLinear(
-            self.kv_lora_rank, config.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim),
-            bias=False, quant_config=quant_config, prefix=add_prefix("kv_b_proj", prefix),
-        )
-        self.o_proj = RowParallelLinear(
-            config.num_attention_heads * self.v_head_dim, config.hidden_size, bias=False,
-            quant_config=quant_config, prefix=add_prefix("o_proj", prefix),
-        )
-        self.rotary_emb = _rope(config, self.qk_rope_head_dim, getattr(config, "rope_interleave", True))
-        if has_indexer:
-            self.indexer = build_indexer(
-                config, settings, layer_id, quant_config, add_prefix("indexer", prefix)
-            )
-        # Absorbed MLA: attention runs on [latent | rope] rows of width kv_lora_rank + rope.
-        self.attn = RadixAttention(
-            self.num_heads,
-            self.kv_lora_rank + self.qk_rope_head_dim,
-            qk_head_dim**-0.5,
-            num_kv_heads=1,
-            layer_id=layer_id,
-            v_head_dim=self.kv_lora_rank,
-            quant_config=quant_config,
-            prefix=add_prefix("attn", prefix),
-        )
-        # Filled from kv_b_proj after loading (`absorb_kv_b_proj`).
-        self.w_kc: Optional[torch.Tensor] = None  # [heads, nope, kv_lora]
-        self.w_vc: Optional[torch.Tensor] = None  # [heads, kv_lora, v]
-
-    @property
-    def has_indexer(self) -> bool:
-        return hasattr(self, "indexer")
-
-    def absorb_kv_b_proj(self, weight: torch.Tensor) -> None:
-        w = weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
-        w_k, w_v = w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
-        self.w_kc = w_k.contiguous()
-        self.w_vc = w_v.transpose(1, 2).contiguous()
-
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        forward_batch: ForwardBatch,
-        topk_buffer: TopkBuffer,
-        run_indexer: bool,
-    ) -> torch.Tensor:
-        q_lora, _ = self.q_a_proj(hidden_states)
-        q_lora = self.q_a_layernorm(q_lora)
-        q, _ = self.q_b_proj(q_lora)
-        q = q.view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
-        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        latent, _ = self.kv_a_proj_with_mqa(hidden_states)
-        kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        kv_a = self.kv_a_layernorm(kv_a.contiguous())
-        q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
-
-        backend = get_attn_backend()
-        if run_indexer:
-            topk_buffer.write(
-                self.layer_id,
-                self.indexer(hidden_states, q_lora, positions, forward_batch, backend),
-            )
-        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_kc)
-        q_full = torch.cat([q_latent, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)], -1)
-        out = self.attn(
-            q_full,
-            kv_a.unsqueeze(1),
-            kv_a.unsqueeze(1),
-            forward_batch,
-            k_rope=k_pe.view(-1, 1, self.qk_rope_head_dim),
-            topk_indices=topk_buffer.read(self.layer_id),
-        )
-        out = torch.einsum("thc,hcv->thv", out.view(-1, self.num_heads, self.kv_lora_rank), self.w_vc)
-        out, _ = self.o_proj(out.reshape(-1, self.num_heads * self.v_head_dim))
-        return out
 
 
 class GlmDsaDecoderLayer(nn.Module):
