@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 29's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
+# The device tool brings back 8 files at most, so each run packs its whole output into $OUT/NAME.tgz.
+#   bash scripts/gpu_bench.sh shapes   # bench_mtp: plain vs EAGLE 1/2, 2/3, 3/4, 5/6 and 3/4 without
+#                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models)
+#   bash scripts/gpu_bench.sh rounds   # profile_decode: GLM-5.2-shaped round by phase (batch 1/32),
+#                                      # the plain step, and the round with index share off
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/glm_gpu_out}
+WORK=/tmp/gpu_bench_$1
+mkdir -p "$OUT" "$WORK"
+. .gpu/device_env.sh
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
+export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1
+cd benchmarks/serving/gpu
+case "$1" in
+  shapes)
+    mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
+    timeout "${BENCH_TIMEOUT:-540}" python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
+      --repeats "${REPEATS:-2}" 2>&1 | tee "$WORK/bench_mtp.log" ;;
+  rounds)
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --context 4096 --steps 8 --no-stack"
+    { timeout 200 $P --config eagle_3_4 --batch 1 32
+      timeout 170 $P --config indexcache --batch 1 32
+      timeout 150 $P --config mtp_share_off --batch 1; } 2>&1 | tee "$WORK/profile.log" ;;
+  *) echo "usage: $0 shapes|rounds" >&2; exit 2 ;;
+esac
+rc=$?
+tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
+exit $rc
