@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Issue 29's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
+# Issue 29's and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
 # The device tool brings back 8 files at most, so each run packs its whole output into $OUT/NAME.tgz.
 #   bash scripts/gpu_bench.sh shapes   # bench_mtp: plain vs EAGLE 1/2, 2/3, 3/4, 5/6 and 3/4 without
 #                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models)
 #   bash scripts/gpu_bench.sh rounds   # profile_decode: GLM-5.2-shaped round by phase (batch 1/32),
 #                                      # the plain step, and the round with index share off
+#   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
+#                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
@@ -25,7 +27,11 @@ case "$1" in
     { timeout 200 $P --config eagle_3_4 --batch 1 32
       timeout 170 $P --config indexcache --batch 1 32
       timeout 150 $P --config mtp_share_off --batch 1; } 2>&1 | tee "$WORK/profile.log" ;;
-  *) echo "usage: $0 shapes|rounds" >&2; exit 2 ;;
+  cold)
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
+      | tee "$WORK/cold_start.log" ;;
+  *) echo "usage: $0 shapes|rounds|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .

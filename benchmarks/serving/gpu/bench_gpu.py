@@ -132,9 +132,9 @@ def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
     from sglang_glm.attention.backends import triton_geometry_problem
 
     dummy = not any(model.glob("*.safetensors"))
-    flags = []
+    flags = DUMMY_ARGS if dummy else []
     if gpu:
-        flags = GPU_SERVER_ARGS + POOL_ARGS + (DUMMY_ARGS if dummy else [])
+        flags = GPU_SERVER_ARGS + POOL_ARGS + flags
         config = SimpleNamespace(**json.loads((model / "config.json").read_text()))
         if triton_geometry_problem(config):
             print(f"{model.name}: not the Triton kernels' geometry; served with {' '.join(TORCH_ARGS)}", flush=True)
