@@ -15,6 +15,9 @@ export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RES
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rm -rf "$GLM_GPU_RESULTS"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu_suite.log"
+# SGLang's breakable prefill CUDA graphs need cuda-python (benchmarks/serving/gpu/prefill_graphs.md)
+python3 -c "from cuda.bindings import runtime" 2>/dev/null && echo "cuda-python: present" | tee -a "$OUT/gpu_suite.log" \
+  || echo "cuda-python: absent" | tee -a "$OUT/gpu_suite.log"
 timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA "$@" \
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
