@@ -18,8 +18,6 @@ from pathlib import Path
 from sglang_glm.cpu_compat import CPU_SERVER_ARGS
 from sglang_glm_tools.server import launched_server
 
-# The repository's held-out training text (benchmarks/ is not in the wheel).
-
 
 def on_cpu() -> bool:
     import torch

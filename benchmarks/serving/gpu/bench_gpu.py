@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_glm_tools.serving_bench import run_bench_serving, server, write_dataset
+from sglang_glm_tools.serving_bench import on_cpu, run_bench_serving, server, write_dataset
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -146,17 +146,11 @@ def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
     return dummy, flags, env
 
 
-def on_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def hardware() -> str:
     import sglang
     import torch
 
-    dev = torch.cuda.get_device_name(0) if on_gpu() else f"CPU ({os.cpu_count()} cores)"
+    dev = torch.cuda.get_device_name(0) if not on_cpu() else f"CPU ({os.cpu_count()} cores)"
     return f"{dev}, torch {torch.__version__}, SGLang {sglang.__version__}, Python {platform.python_version()}"
 
 
@@ -248,7 +242,7 @@ def main() -> None:
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
     plugins = parse_plugins(args.plugin)
     runs = parse_runs(args.run, configs(n_layers), plugins)
-    gpu = on_gpu()
+    gpu = not on_cpu()
     scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
     dummy, extra, server_env = server_setup(args.model, gpu)
     args.out.mkdir(parents=True, exist_ok=True)

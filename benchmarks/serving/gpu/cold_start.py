@@ -28,8 +28,8 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import configs, hardware, on_gpu, server_setup
-from sglang_glm_tools.serving_bench import server
+from bench_gpu import configs, hardware, server_setup
+from sglang_glm_tools.serving_bench import on_cpu, server
 from startup_breakdown import breakdown
 
 KV_CONFIGS = {"bf16": "indexcache", "fp8": "fp8_kv"}
@@ -76,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     args.model, args.out = args.model.resolve(), args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    gpu = on_gpu()
+    gpu = not on_cpu()
     length = max(16, int(args.context * (args.scale or (1.0 if gpu else 1 / 256))))
     config = json.loads((args.model / "config.json").read_text())
     known = configs(config["num_hidden_layers"])
