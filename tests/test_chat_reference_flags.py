@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "assets" / "glm-dsa-mini-chat"
 REFERENCE_FLAGS = (
     "--tool-call-parser", "glm47", "--reasoning-parser", "glm45",
-    "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "5",
-    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6",
+    "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
     "--kv-cache-dtype", "fp8_e4m3", "--max-running-requests", "32",
 )
 

@@ -43,7 +43,7 @@ _F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 
 @dataclass(frozen=True, kw_only=True)  # positional configs would shift when a field is added
 class IndexerConfig:
-    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/sweep_run5.log, 12)."""
+    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_run5.log, 12)."""
 
     block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
     block_n: int = 128  # keys per dot
@@ -65,7 +65,7 @@ def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerCon
     keys = min(4096, max(256, 1 << (128 * max(num_queries // block_q, 1)).bit_length() - 1))
     if block_q == 1:
         return IndexerConfig(keys_per_program=keys)
-    # H200 sweep (benchmarks/kernels/logs/sweep_session10_prefill_indexer.log): 424-435 TFLOP/s, 2.0x
+    # H200 sweep (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_session10_prefill_indexer.log): 424-435 TFLOP/s, 2.0x
     # the per-query kernel; 3 stages edged 5 by 1%; 8 queries or 128 keys a block were slower
     return IndexerConfig(block_q=block_q, block_n=64, keys_per_program=keys, num_stages=3, num_warps=4)
 

@@ -60,7 +60,7 @@ def warp_specialized_available(device) -> bool:
 def default_config(
     num_tokens: int, num_heads: int, topk: int, kv_fp8: bool, num_sms: int, warp_specialized: bool = False
 ) -> SparseMLAConfig:
-    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/sweep_run*.log).
+    """Launch shape for a problem, from the H200 sweeps (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_run*.log).
     warp_specialized: the SM90 kernel may run (`warp_specialized_available`); it takes a multiple of
     64 heads, BF16 or FP8 KV."""
     if num_heads > 16:

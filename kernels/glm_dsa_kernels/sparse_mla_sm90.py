@@ -202,7 +202,7 @@ def _consumer(q_row, stride_qh, idx_row, out_base, lse_ptr, stride_oh, head0, nu
         gl.thread_barrier()  # both warpgroups' halves of P are written before either multiplies by it
         # PV waits here so the stage is freed the moment it retires: the gather of block j + 2 then
         # runs while the consumer waits for block j + 1 (H200: 194 vs 230 us at batch 256 against
-        # freeing it after the next block's QK, benchmarks/kernels/logs/sweep_ws_run2.log)
+        # freeing it after the next block's QK, benchmarks/kernels/logs/raw_logs.tar.gz: sweep_ws_run2.log)
         acc = warpgroup_mma(p_smem, kv, acc)
         gl.thread_barrier()
         mbarrier.arrive(empty.index(stage), count=1)

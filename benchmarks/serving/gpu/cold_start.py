@@ -6,7 +6,9 @@ flags and model handling): once it reports ready, `--context`-token prompts of d
 prompt's time to first token. The first is the user's first request; the median of the next
 `--next` is the warm cost. The start-up comes from the server's log (`startup_breakdown.py`). With
 `--restart` the BF16 server starts once more, with the Triton cache the first start filled: the
-difference is what that cache saves.
+difference is what that cache saves. The first start gets an empty Triton cache (`--triton-cache`,
+emptied first), so the comparison holds on a machine whose default cache is already warm; SGLang's
+own CUDA JIT cache (SGLANG_JIT_CACHE_DIR) is left as the environment sets it.
 
     python benchmarks/serving/gpu/make_glm52_shaped.py /tmp/glm52
     python benchmarks/serving/gpu/cold_start.py --model /tmp/glm52 --out $OUT --restart
@@ -21,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -72,6 +76,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=32768, help="prompt tokens")
     ap.add_argument("--next", type=int, default=10, help="prompts timed after the first")
     ap.add_argument("--restart", action="store_true", help="start the first server's config again (warm Triton cache)")
+    ap.add_argument("--triton-cache", type=Path, default=Path("/tmp/cold_start_triton_cache"),
+                    help="TRITON_CACHE_DIR of every server here; emptied before the first start")
     ap.add_argument("--scale", type=float, default=None, help="prompt length scale (default 1 on GPU, 1/256 on CPU)")
     args = ap.parse_args()
     args.model, args.out = args.model.resolve(), args.out.resolve()
@@ -84,6 +90,10 @@ def main() -> None:
     result: dict = {"hardware": hardware(), "model": str(args.model), "server_args": extra}
     print(f"{result['hardware']}; prompts of {length} tokens", flush=True)
 
+    shutil.rmtree(args.triton_cache, ignore_errors=True)
+    args.triton_cache.mkdir(parents=True)
+    os.environ["TRITON_CACHE_DIR"] = str(args.triton_cache)  # the servers inherit it
+    result["triton_cache"] = str(args.triton_cache)
     runs = [(kv, kv) for kv in args.kv] + ([(args.kv[0], "second_start")] if args.restart else [])
     for i, (kv, label) in enumerate(runs):
         flags = [*known[KV_CONFIGS[kv]], *extra]
