@@ -5,6 +5,9 @@
 #                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models)
 #   bash scripts/gpu_bench.sh rounds   # profile_decode: GLM-5.2-shaped round by phase (batch 1/32),
 #                                      # the plain step, and the round with index share off
+#   bash scripts/gpu_bench.sh overlap  # profile_decode: glm5-geometry-carry's EAGLE 3/4 round at batch 1/8 with
+#                                      # SGLang's overlap scheduler on and off, then on with Python stacks
+#                                      # (needs .gpu/models)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -27,11 +30,19 @@ case "$1" in
     { timeout 200 $P --config eagle_3_4 --batch 1 32
       timeout 170 $P --config indexcache --batch 1 32
       timeout 150 $P --config mtp_share_off --batch 1; } 2>&1 | tee "$WORK/profile.log" ;;
+  overlap)
+    mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
+    P="python3 profile_decode.py --model /tmp/models/glm5-geometry-carry --out $WORK --config eagle_3_4 --text --context 512"
+    # the archive is refreshed after each profile, so a run cut short still brings back what it made
+    pack() { tar czf "$OUT/overlap.tgz" -C "$WORK" --exclude='*.json.gz' .; }
+    { timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_overlap; pack
+      timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
+      timeout 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
