@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 29's and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
+# Issues 29, 30 and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
 # The device tool brings back 8 files at most, so each run packs its whole output into $OUT/NAME.tgz.
 #   bash scripts/gpu_bench.sh shapes   # bench_mtp: plain vs EAGLE 1/2, 2/3, 3/4, 5/6 and 3/4 without
 #                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models)
@@ -8,6 +8,10 @@
 #   bash scripts/gpu_bench.sh overlap  # profile_decode: glm5-geometry-carry's EAGLE 3/4 round at batch 1/8 with
 #                                      # SGLang's overlap scheduler on and off, then on with Python stacks
 #                                      # (needs .gpu/models)
+#   bash scripts/gpu_bench.sh peer     # issue 30: SGLang's own GLM-DSA path (FlashMLA, no plugin) against the
+#                                      # plugin on the GLM-5.2-shaped model, BF16 and FP8 KV, decode b1/b32 and a
+#                                      # 32K prefill; needs .gpu/peer/sgl_flash_mla-1.0.0-*.whl (`pip download
+#                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -38,6 +42,14 @@ case "$1" in
     { timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_overlap; pack
       timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
       timeout 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
+  peer)
+    python3 -m pip install -q --no-deps --no-index --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
+      || exit 1
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    timeout "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 530 \
+      --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
+      --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
+      --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \

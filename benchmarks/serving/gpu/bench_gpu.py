@@ -14,6 +14,13 @@ Before/after in one run: `--plugin before=DIR` names a plugin installed elsewher
 DIR` from another commit); `--run indexcache@before:decode_b1` serves that config with it (its
 directory first on PYTHONPATH), `--run indexcache:decode_b1` with the installed one.
 
+SGLang's own GLM-DSA path, the peer of issue 30: `--run indexcache@sglang:decode_b1` serves the config
+without the plugin (SGLANG_PLUGINS allows only the GPU machine's stand-in plugin), through SGLang's
+`GlmMoeDsaForCausalLM` and `dsa` backend: FlashMLA sparse attention from `--peer-site DIR` (`pip install
+--target DIR sgl-flash-mla`), the indexer on SGLang's own torch fall-back (no DeepGEMM), flags and
+environment from peer_setup.md section 4.3. A peer server whose log shows the plugin's model (its
+IndexCache plan line) stops the run.
+
 Configs (the model directory's own plan is IndexCache on, one full layer in four):
   indexcache      plan from config.json, BF16 KV cache, CUDA graphs (the default launch)
   all_full        every layer runs its indexer (--json-model-override-args indexer_types)
@@ -74,6 +81,27 @@ DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 # A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
 # PyTorch backend, which has no CUDA graphs.
 TORCH_ARGS = ["--attention-backend", "glm_dsa_torch", "--disable-cuda-graph"]
+
+
+PEER = "sglang"
+PEER_ENV = {
+    "SGLANG_PLUGINS": "gpu_standin",  # an allow-list: the GPU machine's stand-in plugin, not this one
+    "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # short prefills' dense path needs FA3
+    "SGLANG_DSA_FUSE_TOPK": "0",  # the fused top-k transform is an sgl_kernel op the stand-in lacks
+    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # SGLang's indexer fall-back: no DeepGEMM needed
+}
+
+
+def peer_flags(config_flags: list[str]) -> list[str]:
+    """SGLang's `dsa` backend on FlashMLA for a config's flags (BF16 KV: FlashMLA sparse; FP8 KV: its
+    656-byte KV cache kernel), top-k in torch."""
+    attn = "flashmla_kv" if "fp8_e4m3" in config_flags else "flashmla_sparse"
+    flags = ["--attention-backend", "dsa", "--dsa-prefill-backend", attn, "--dsa-decode-backend", attn,
+             "--dsa-topk-backend", "torch"]
+    if "--speculative-algorithm" in config_flags:
+        flags += ["--speculative-dsa-topk-backend", "torch"]
+    return flags
 
 
 def override(**fields) -> list[str]:
@@ -202,7 +230,8 @@ def parse_runs(items: list[str], known: dict, plugins: dict) -> list[tuple[str, 
         if name not in known:
             raise SystemExit(f"--run {item!r}: unknown config {name!r}; choose from {sorted(known)}")
         if plugin and plugin not in plugins:
-            raise SystemExit(f"--run {item!r}: plugin {plugin!r} not given; add --plugin {plugin}=DIR")
+            hint = "--peer-site DIR" if plugin == PEER else f"--plugin {plugin}=DIR"
+            raise SystemExit(f"--run {item!r}: {plugin!r} not given; add {hint}")
         names = [w for w in wl.split(",") if w]
         bad = [w for w in names if w not in WORKLOADS]
         if bad or not names:
@@ -236,11 +265,17 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=560, help="skip what would end past this")
     ap.add_argument("--scale", type=float, default=None, help="length scale (default 1 on GPU, 1/256 on CPU)")
     ap.add_argument("--plugin", action="append", default=[], help="NAME=DIR: a plugin installed in DIR")
+    ap.add_argument("--peer-site", type=Path, default=None,
+                    help=f"sgl-flash-mla installed here (pip install --target): enables @{PEER} runs")
     args = ap.parse_args()
     args.model, args.out = args.model.resolve(), args.out.resolve()
     t0 = time.time()
     n_layers = json.loads((args.model / "config.json").read_text())["num_hidden_layers"]
     plugins = parse_plugins(args.plugin)
+    if args.peer_site:
+        if not (args.peer_site / "flash_mla").is_dir():
+            raise SystemExit(f"--peer-site {args.peer_site}: no flash_mla package there (pip install --target DIR sgl-flash-mla)")
+        plugins[PEER] = str(args.peer_site.resolve())
     runs = parse_runs(args.run, configs(n_layers), plugins)
     gpu = not on_cpu()
     scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
@@ -255,11 +290,14 @@ def main() -> None:
     # `python -m` puts the working directory first on sys.path: from the repository root the
     # working tree's sglang_glm would shadow a --plugin copy's (while its kernels came from the copy).
     os.chdir(args.out)
+    base_env = dict(os.environ)
     for name, plugin, workloads in runs:
+        os.environ.clear()
+        os.environ.update({**base_env, **(PEER_ENV if plugin == PEER else {})})
         os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
         label = f"{name}@{plugin}" if plugin else name
         origin = plugin_origin()
-        if plugin and not all(Path(d).is_relative_to(plugins[plugin]) for d in origin.values()):
+        if plugin not in (None, PEER) and not all(Path(d).is_relative_to(plugins[plugin]) for d in origin.values()):
             raise SystemExit(f"[{label}] the server would import {origin}, not the plugin in {plugins[plugin]}")
         left = args.deadline_s - (time.time() - t0)
         if left < 120:
@@ -268,7 +306,11 @@ def main() -> None:
         print(f"[{label}] starting server (t={time.time() - t0:.0f}s)", flush=True)
         ts = time.time()
         flags = [*configs(n_layers)[name], *extra]
-        print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
+        if plugin == PEER:
+            flags += peer_flags(flags)
+            print(f"  SGLang's own path: {' '.join(peer_flags(flags))}, FlashMLA from {plugins[PEER]}", flush=True)
+        else:
+            print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
         file_label = f"{name}_{plugin}" if plugin else name  # no '@' in file names: the device tool refuses them
         with server(args.model, flags, args.out / f"server_{file_label}.log", 64, timeout=min(480, left)) as (url, err):
             if err:
@@ -277,6 +319,9 @@ def main() -> None:
                     f.write(json.dumps({"config": name, "plugin": plugin, "error": err, "meta": meta}) + "\n")
                 continue
             startup_s = round(time.time() - ts, 1)
+            # the plugin's model logs its IndexCache plan when built; SGLang's own never does
+            if plugin == PEER and "IndexCache plan (" in (args.out / f"server_{file_label}.log").read_text(errors="replace"):
+                raise SystemExit(f"[{label}] the plugin's model served SGLang's own path's server")
             for wname in workloads:
                 w = scaled(WORKLOADS[wname], scale)
                 left = args.deadline_s - (time.time() - t0)

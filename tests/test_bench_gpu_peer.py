@@ -1,0 +1,33 @@
+"""bench_gpu.py's peer runs (issue 30): `CONFIG@sglang` serves SGLang's own GLM-DSA path, which needs
+FlashMLA (`--peer-site`); its flags follow the config's KV dtype and speculation."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+GPU_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "serving" / "gpu"
+MODEL = Path(__file__).resolve().parents[1] / "assets" / "glm-dsa-mini"
+
+
+def bench_gpu(*args, tmp_path):
+    return subprocess.run([sys.executable, str(GPU_BENCH / "bench_gpu.py"), "--model", str(MODEL),
+                           "--out", str(tmp_path), *args], capture_output=True, text=True)
+
+
+def test_a_peer_run_needs_flash_mla(tmp_path):
+    r = bench_gpu("--run", "indexcache@sglang:decode_b1", tmp_path=tmp_path)
+    assert r.returncode != 0 and "add --peer-site DIR" in r.stderr, r.stderr
+    r = bench_gpu("--peer-site", str(tmp_path), "--run", "indexcache@sglang:decode_b1", tmp_path=tmp_path)
+    assert r.returncode != 0 and "no flash_mla package" in r.stderr, r.stderr
+
+
+def test_peer_flags_follow_the_kv_dtype_and_speculation():
+    code = ("import json, bench_gpu as b; k = b.configs(8); "
+            "print(json.dumps({n: b.peer_flags(k[n]) for n in ('indexcache', 'fp8_kv', 'eagle_3_4')}))")
+    flags = json.loads(subprocess.run([sys.executable, "-c", code], cwd=GPU_BENCH, capture_output=True, text=True,
+                                      check=True).stdout)
+    bf16, fp8, mtp = flags["indexcache"], flags["fp8_kv"], flags["eagle_3_4"]
+    assert bf16[:2] == ["--attention-backend", "dsa"] and bf16.count("flashmla_sparse") == 2
+    assert fp8.count("flashmla_kv") == 2 and "flashmla_sparse" not in fp8
+    assert mtp[-2:] == ["--speculative-dsa-topk-backend", "torch"] and "--speculative-dsa-topk-backend" not in bf16
