@@ -54,7 +54,7 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
