@@ -23,8 +23,8 @@ def test_a_peer_run_needs_flash_mla(tmp_path):
 
 
 def test_peer_flags_follow_the_kv_dtype_and_speculation():
-    code = ("import json, bench_gpu as b; k = b.configs(8); "
-            "print(json.dumps({n: b.peer_flags(k[n]) for n in ('indexcache', 'fp8_kv', 'eagle_3_4')}))")
+    code = ("import json, bench_gpu as b; from sglang_glm_tools import peer; k = b.configs(8); "
+            "print(json.dumps({n: peer.flags(k[n]) for n in ('indexcache', 'fp8_kv', 'eagle_3_4')}))")
     flags = json.loads(subprocess.run([sys.executable, "-c", code], cwd=GPU_BENCH, capture_output=True, text=True,
                                       check=True).stdout)
     bf16, fp8, mtp = flags["indexcache"], flags["fp8_kv"], flags["eagle_3_4"]

@@ -18,7 +18,7 @@ SGLang's own GLM-DSA path, the peer of issue 30: `--run indexcache@sglang:decode
 without the plugin (SGLANG_PLUGINS allows only the GPU machine's stand-in plugin), through SGLang's
 `GlmMoeDsaForCausalLM` and `dsa` backend: FlashMLA sparse attention from `--peer-site DIR` (`pip install
 --target DIR sgl-flash-mla`), the indexer on SGLang's own torch fall-back (no DeepGEMM), flags and
-environment from peer_setup.md section 4.3. A peer server whose log shows the plugin's model (its
+environment from `sglang_glm_tools.peer`. A peer server whose log shows the plugin's model (its
 IndexCache plan line) stops the run.
 
 Configs (the model directory's own plan is IndexCache on, one full layer in four):
@@ -52,6 +52,7 @@ import sys
 import time
 from pathlib import Path
 
+from sglang_glm_tools import peer
 from sglang_glm_tools.serving_bench import on_cpu, run_bench_serving, server, write_dataset
 
 HERE = Path(__file__).resolve().parent
@@ -83,25 +84,7 @@ DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 TORCH_ARGS = ["--attention-backend", "glm_dsa_torch", "--disable-cuda-graph"]
 
 
-PEER = "sglang"
-PEER_ENV = {
-    "SGLANG_PLUGINS": "gpu_standin",  # an allow-list: the GPU machine's stand-in plugin, not this one
-    "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD": "0",  # short prefills' dense path needs FA3
-    "SGLANG_DSA_FUSE_TOPK": "0",  # the fused top-k transform is an sgl_kernel op the stand-in lacks
-    "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-    "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",  # SGLang's indexer fall-back: no DeepGEMM needed
-}
-
-
-def peer_flags(config_flags: list[str]) -> list[str]:
-    """SGLang's `dsa` backend on FlashMLA for a config's flags (BF16 KV: FlashMLA sparse; FP8 KV: its
-    656-byte KV cache kernel), top-k in torch."""
-    attn = "flashmla_kv" if "fp8_e4m3" in config_flags else "flashmla_sparse"
-    flags = ["--attention-backend", "dsa", "--dsa-prefill-backend", attn, "--dsa-decode-backend", attn,
-             "--dsa-topk-backend", "torch"]
-    if "--speculative-algorithm" in config_flags:
-        flags += ["--speculative-dsa-topk-backend", "torch"]
-    return flags
+PEER = "sglang"  # CONFIG@sglang: SGLang's own GLM-DSA path (sglang_glm_tools.peer)
 
 
 def override(**fields) -> list[str]:
@@ -293,7 +276,7 @@ def main() -> None:
     base_env = dict(os.environ)
     for name, plugin, workloads in runs:
         os.environ.clear()
-        os.environ.update({**base_env, **(PEER_ENV if plugin == PEER else {})})
+        os.environ.update({**base_env, **(peer.ENV if plugin == PEER else {})})
         os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
         label = f"{name}@{plugin}" if plugin else name
         origin = plugin_origin()
@@ -307,8 +290,9 @@ def main() -> None:
         ts = time.time()
         flags = [*configs(n_layers)[name], *extra]
         if plugin == PEER:
-            flags += peer_flags(flags)
-            print(f"  SGLang's own path: {' '.join(peer_flags(flags))}, FlashMLA from {plugins[PEER]}", flush=True)
+            own = peer.flags(flags)
+            flags += own
+            print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {plugins[PEER]}", flush=True)
         else:
             print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
         file_label = f"{name}_{plugin}" if plugin else name  # no '@' in file names: the device tool refuses them
@@ -319,8 +303,7 @@ def main() -> None:
                     f.write(json.dumps({"config": name, "plugin": plugin, "error": err, "meta": meta}) + "\n")
                 continue
             startup_s = round(time.time() - ts, 1)
-            # the plugin's model logs its IndexCache plan when built; SGLang's own never does
-            if plugin == PEER and "IndexCache plan (" in (args.out / f"server_{file_label}.log").read_text(errors="replace"):
+            if plugin == PEER and peer.PLUGIN_MODEL_LOG_LINE in (args.out / f"server_{file_label}.log").read_text(errors="replace"):
                 raise SystemExit(f"[{label}] the plugin's model served SGLang's own path's server")
             for wname in workloads:
                 w = scaled(WORKLOADS[wname], scale)
