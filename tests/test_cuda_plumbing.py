@@ -147,7 +147,7 @@ def test_triton_backend_graph_buffers_verify_and_draft_steps():
         req_pool_indices=torch.tensor([3, 1]), positions=torch.tensor([10, 11, 12, 70, 71, 72]),
         spec_info=SimpleNamespace(topk=1, custom_mask=None),
     )
-    backend.init_forward_metadata_out_graph(verify)
+    backend.init_forward_metadata_in_graph(verify)
     meta = backend.forward_metadata
     assert [getattr(meta, f).data_ptr() for f in fields] == buffers and meta.tree_mask is None
     assert meta.query_batch.tolist() == [0, 0, 0, 1, 1, 1]
@@ -225,7 +225,7 @@ def test_triton_backend_draft_extend_layout_eager_and_graph_replay():
         forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=3, seq_lens=torch.tensor([14, 74, 1, 1]),
         req_pool_indices=torch.tensor([3, 1, 0, 0]), spec_info=window,
     )
-    backend.init_forward_metadata_out_graph(replay)
+    backend.init_forward_metadata_in_graph(replay)
     got = backend.forward_metadata
     assert got.key_limit.data_ptr() == backend.graph_metadata.key_limit.data_ptr()
     assert got.key_limit.tolist() == want.key_limit.tolist() + [1] * 4
@@ -235,6 +235,79 @@ def test_triton_backend_draft_extend_layout_eager_and_graph_replay():
     widened = SimpleNamespace(**{**vars(eager), "positions": torch.arange(10)})
     with pytest.raises(ValueError, match="fixed windows only"):
         backend.init_forward_metadata(widened)
+
+
+def test_graph_served_modes_are_laid_out_inside_the_graph():
+    """Decode, target verify, draft-extend and the draft steps lay their batch out in
+    `init_forward_metadata_in_graph`, which SGLang records into the captured graph: a replay then
+    refills the static buffers from the runner's static req_pool_indices / seq_lens on the GPU, and
+    the host's `init_forward_metadata_out_graph` before the replay does nothing. Simulated here: the
+    capture runs the in-graph call on static inputs (seq_lens, req_pool_indices, positions: the
+    runners' buffers), the replay writes new inputs into them, calls
+    out_graph (no buffer may change), then runs the recorded call again; the layout must then equal
+    the eager one of the new batch. Prefill (extend) stays laid out on the host."""
+    from sglang_glm.attention.triton_dsa_backend import TritonDSAMultiStepDraftBackend
+
+    req_to_token = torch.arange(4 * 256, dtype=torch.int32).view(4, 256) + 64
+    fields = ("query_req", "query_batch", "key_limit", "page_table", "draft_start")
+
+    def snapshot(meta):
+        return [getattr(meta, f).clone() for f in fields]
+
+    def batch(mode, seq_lens, req, per_request, **kw):
+        seq_lens, req = torch.tensor(seq_lens), torch.tensor(req)
+        positions = (seq_lens[:, None] - (per_request if mode.is_draft_extend_v2() else 0)
+                     + torch.arange(per_request)).flatten()
+        return SimpleNamespace(forward_mode=mode, batch_size=len(req), seq_lens=seq_lens, seq_lens_cpu=seq_lens.clone(),
+                               req_pool_indices=req, positions=positions, **kw)
+
+    cases = [
+        (ForwardMode.DECODE, 1, {}),
+        (ForwardMode.TARGET_VERIFY, 4, {"spec_info": SimpleNamespace(topk=1, custom_mask=None)}),
+        (ForwardMode.DRAFT_EXTEND_V2, 4, {"spec_info": SimpleNamespace(num_tokens_per_req=4)}),
+    ]
+    for mode, per_request, kw in cases:
+        backend = _triton_backend(req_to_token)
+        backend.init_cuda_graph_state(max_bs=4, max_num_tokens=16)
+        static = batch(mode, [10, 70], [3, 1], per_request, **kw)
+        backend.init_forward_metadata_out_graph(static, in_capture=True)
+        backend.init_forward_metadata_in_graph(static)  # recorded into the graph
+        # The next replay: SGLang writes the new batch into the static inputs, then prepares.
+        new = batch(mode, [130, 20], [0, 2], per_request, **kw)
+        for name in ("seq_lens", "req_pool_indices", "positions"):
+            getattr(static, name).copy_(getattr(new, name))
+        before = snapshot(backend.graph_metadata)
+        backend.init_forward_metadata_out_graph(static)
+        assert all(torch.equal(a, b) for a, b in zip(before, snapshot(backend.graph_metadata))), mode
+        backend.init_forward_metadata_in_graph(static)  # the graph replays
+        got = backend.forward_metadata
+        backend.init_forward_metadata(new)
+        want = backend.forward_metadata
+        assert got.key_limit.tolist() == want.key_limit.tolist(), mode
+        assert got.query_req.tolist() == want.query_req.tolist(), mode
+        pages = want.page_table.shape[1]
+        assert got.page_table[:, :pages].tolist() == want.page_table.tolist(), mode
+
+    draft = _on_h200(TritonDSAMultiStepDraftBackend, _runner(req_to_token), 1, 3)
+    draft.init_cuda_graph_state(max_bs=4, max_num_tokens=4)
+    static = batch(ForwardMode.DECODE, [10, 70], [3, 1], 1)
+    draft.init_forward_metadata_out_graph(static, in_capture=True)
+    draft.init_forward_metadata_in_graph(static)
+    static.seq_lens.copy_(torch.tensor([40, 7]))
+    before = [snapshot(b.graph_metadata) for b in draft.attn_backends]
+    draft.init_forward_metadata_out_graph(static)
+    assert all(torch.equal(x, y) for b, s in zip(draft.attn_backends, before)
+               for x, y in zip(s, snapshot(b.graph_metadata)))
+    draft.init_forward_metadata_in_graph(static)
+    assert [b.forward_metadata.key_limit.tolist() for b in draft.attn_backends] == [[41, 8], [42, 9]]
+
+    prefill = _triton_backend(req_to_token)
+    prefill.init_cuda_graph_state(max_bs=4, max_num_tokens=16)
+    extend = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1, seq_lens=torch.tensor([3]),
+                             seq_lens_cpu=torch.tensor([3]), extend_seq_lens=torch.tensor([3]),
+                             req_pool_indices=torch.tensor([2]), positions=torch.tensor([0, 1, 2]))
+    prefill.init_forward_metadata_out_graph(extend)
+    assert prefill.forward_metadata.key_limit.tolist() == [1, 2, 3]
 
 
 def test_draft_extend_graph_hook_acts_for_the_plugin_backend_only():

@@ -2,9 +2,11 @@
 
 The CUDA default for GLM-DSA. Per forward it lays the batch out for the kernels as four small
 int32 tensors (`TritonDSAMetadata`, built in `triton_metadata.py`) from SGLang's device tensors
-only: no host sync, no host-to-device copy. With CUDA graphs SGLang asks for them in static buffers
-(`init_cuda_graph_state`, `init_forward_metadata_out_graph`), refilled in place before each replay
-of decode, target-verify, draft-extend and the EAGLE draft steps; eager forwards build fresh ones.
+only: no host sync, no host-to-device copy. With CUDA graphs they live in static buffers
+(`init_cuda_graph_state`) and the layout launch is recorded into the graphs of decode,
+target-verify, draft-extend and the EAGLE draft steps (`init_forward_metadata_in_graph`, SGLang's
+hook for graph-recordable metadata): a replay lays its batch out on the GPU, with no host work
+from the plugin. Eager forwards build fresh ones.
 
 The indexer reads the index-K cache a 64-token page at a time through a page table derived from
 SGLang's `req_to_token` (so pages must be SGLang's 64-token pages); sparse MLA gathers the KV rows
@@ -29,7 +31,7 @@ from glm_dsa_kernels.topk_select import topk_positions
 from glm_dsa_kernels.warmup import WarmUpShapes, warm_up
 from sglang_glm.attention.backends import TRITON_BACKEND
 from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
-from sglang_glm.attention.triton_metadata import TritonDSAMetadata, TritonDSAMetadataBuilder
+from sglang_glm.attention.triton_metadata import TritonDSAMetadata, TritonDSAMetadataBuilder, laid_out_in_graph
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -113,8 +115,19 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         )
 
     def init_forward_metadata_out_graph(self, forward_batch: "ForwardBatch", in_capture: bool = False):
-        # Capture and replay alike: refill the static buffers the captured kernels read.
-        self.forward_metadata = self.build_metadata(forward_batch, self.max_pages, out=self.graph_metadata)
+        # Before a graph's capture and each of its replays, on the host. The graph-served modes are
+        # laid out inside their graphs instead (below), so a replay costs the host nothing here.
+        if not laid_out_in_graph(forward_batch.forward_mode):
+            self.forward_metadata = self.build_metadata(forward_batch, self.max_pages, out=self.graph_metadata)
+
+    def init_forward_metadata_in_graph(self, forward_batch: "ForwardBatch"):
+        # Recorded into the captured graph: the layout kernel reads the runner's static
+        # req_pool_indices / seq_lens and refills the static buffers at every replay.
+        if laid_out_in_graph(forward_batch.forward_mode):
+            self.forward_metadata = self.build_metadata(forward_batch, self.max_pages, out=self.graph_metadata)
+
+    def draft_extend_metadata_captured_in_graph(self) -> bool:
+        return True
 
     def get_cuda_graph_seq_len_fill_value(self):
         return 1
@@ -186,11 +199,11 @@ class TritonDSAMultiStepDraftBackend(MultiStepDraftBackend):
             backend.init_cuda_graph_state(max_bs, max_num_tokens, rows=max_num_tokens if self.topk > 1 else 0)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        pass  # the draft steps are laid out inside their graph
+
+    def init_forward_metadata_in_graph(self, forward_batch):
         for i, backend in enumerate(self.attn_backends):
             backend.forward_metadata = backend.build_metadata(
                 forward_batch, backend.max_pages, out=backend.graph_metadata, draft_step=i,
                 branches=self.topk, num_steps=self.speculative_num_steps,
             )
-
-    def init_forward_metadata_in_graph(self, forward_batch):
-        pass  # everything is refilled before replay

@@ -158,6 +158,12 @@ class TritonDSAMetadataBuilder:
         return min(self.max_pages, -(-keys // self.page))
 
 
+def laid_out_in_graph(mode) -> bool:
+    """The forward modes whose graph runners (decode, target verify, draft-extend, EAGLE draft steps)
+    call `init_forward_metadata_in_graph` inside the capture: fixed-shape layouts of static inputs."""
+    return mode.is_decode_or_idle() or mode.is_target_verify() or mode.is_draft_extend_v2()
+
+
 def _into(out: TritonDSAMetadata, meta: TritonDSAMetadata) -> TritonDSAMetadata:
     """meta copied into the static buffers of out (CUDA graphs read fixed addresses)."""
     def put(buffer, value):
