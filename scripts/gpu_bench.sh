@@ -12,6 +12,10 @@
 #                                      # plugin on the GLM-5.2-shaped model, BF16 and FP8 KV, decode b1/b32 and a
 #                                      # 32K prefill; needs .gpu/peer/sgl_flash_mla-1.0.0-*.whl (`pip download
 #                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry)
+#   bash scripts/gpu_bench.sh ingraph  # before/after in one run, before = .gpu/before_tree (a plugin tree, e.g.
+#                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
+#                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
+#                                      # plain and EAGLE 3/4 decode at batch 1 and 32, each config on both
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -50,11 +54,22 @@ case "$1" in
       --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
       --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
       --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log" ;;
+  ingraph)
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
+      ../../../.gpu/before_tree || exit 1
+    { python3 ../../kernels/bench_host_metadata.py --out "$WORK/host_metadata_after.json"
+      PYTHONPATH=/tmp/plugin_before:$PYTHONPATH python3 ../../kernels/bench_host_metadata.py \
+        --out "$WORK/host_metadata_before.json"
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      timeout "${BENCH_TIMEOUT:-480}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 470 \
+        --plugin before=/tmp/plugin_before --run indexcache@before:decode_b1,decode_b32 \
+        --run indexcache:decode_b1,decode_b32 --run eagle_3_4@before:decode_b1,decode_b32 \
+        --run eagle_3_4:decode_b1,decode_b32; } 2>&1 | tee "$WORK/ingraph.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .

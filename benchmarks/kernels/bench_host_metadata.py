@@ -2,7 +2,7 @@
 
 Builds `TritonDSABackend` on a stand-in model runner (SGLang's req_to_token table at GLM-5.2's 128K
 context, 64-token pages) and times `init_forward_metadata_out_graph`, what runs on the host before
-every graph replay, for decode, an MTP target verify of 4 tokens, a chain draft step and a
+every graph replay (since the layouts are recorded into the graphs, nothing for these modes), for decode, an MTP target verify of 4 tokens, a chain draft step and a
 draft-extend window of 4, at batch 1 and 32: the median host time of a call (no device sync inside
 the timed loop) and the median of repeats. Run it against two plugin copies for a before/after:
 
