@@ -56,6 +56,12 @@ class TopkBuffer:
         self._storage[: self.num_tokens].copy_(indices)
         self.source_layer = layer_id
 
+    def claim(self, layer_id: int) -> torch.Tensor:
+        """The batch's rows for a full layer to fill in place (a prefill graph's indexer break writes
+        them between captured segments), from then on the rows every later layer reads."""
+        self.source_layer = layer_id
+        return self._storage[: self.num_tokens]
+
     def read(self, layer_id: int) -> torch.Tensor:
         if self.source_layer is None or self.source_layer > layer_id:
             raise RuntimeError(
