@@ -12,6 +12,9 @@
 #                                      # plugin on the GLM-5.2-shaped model, BF16 and FP8 KV, decode b1/b32 and a
 #                                      # 32K prefill; needs .gpu/peer/sgl_flash_mla-1.0.0-*.whl (`pip download
 #                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry)
+#   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain vs EAGLE 3/4 with and without them
+#                                      # on glm5-geometry-carry, batch 1/8/32 (needs .gpu/models), then
+#                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -50,11 +53,19 @@ case "$1" in
       --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
       --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
       --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log" ;;
+  prefill)
+    mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
+    { timeout 330 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 2 \
+        --configs eagle_3_4 eagle_3_4_prefill_graphs
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      timeout 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
+        --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
+      | tee "$WORK/prefill.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|prefill|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
