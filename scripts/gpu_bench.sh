@@ -16,6 +16,9 @@
 #                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
 #                                      # plain and EAGLE 3/4 decode at batch 1 and 32, each config on both
+#   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain vs EAGLE 3/4 with and without them
+#                                      # on glm5-geometry-carry, batch 1/8/32 (needs .gpu/models), then
+#                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -65,11 +68,19 @@ case "$1" in
         --plugin before=/tmp/plugin_before --run indexcache@before:decode_b1,decode_b32 \
         --run indexcache:decode_b1,decode_b32 --run eagle_3_4@before:decode_b1,decode_b32 \
         --run eagle_3_4:decode_b1,decode_b32; } 2>&1 | tee "$WORK/ingraph.log" ;;
+  prefill)
+    mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
+    { timeout 330 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 2 \
+        --configs eagle_3_4 eagle_3_4_prefill_graphs
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      timeout 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
+        --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
+      | tee "$WORK/prefill.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .

@@ -51,10 +51,24 @@ def launch_decisions(hf_config: Any, user: UserArgs, on_cpu: bool) -> dict[str, 
     return decisions
 
 
-def prefill_cuda_graphs(attention_backend: Optional[str]) -> bool:
-    """Whether prefill may run under CUDA graphs: not on the plugin's backends, which lay every
-    prefill batch out anew (ragged extend lengths); their decode-shaped passes are captured."""
-    return attention_backend not in PLUGIN_BACKENDS
+def prefill_cuda_graphs(attention_backend: Optional[str], requested: Optional[str]) -> bool:
+    """Whether prefill may run under CUDA graphs (`requested`: the user's --cuda-graph-backend-prefill).
+
+    The plugin's backends lay every prefill batch out anew (ragged extend lengths), so only SGLang's
+    breakable graphs fit, with attention and the indexer's top-k run eagerly between captured
+    segments; on `glm_dsa_triton` they serve when asked for by name (not yet SGLang's default here:
+    they have not run on a GPU). `full` would freeze one batch's layout into the graph."""
+    if attention_backend not in PLUGIN_BACKENDS:
+        return True
+    if requested == "full" or (requested == "breakable" and attention_backend != TRITON_BACKEND):
+        fix = ("use --cuda-graph-backend-prefill breakable or disabled" if attention_backend == TRITON_BACKEND
+               else "drop --cuda-graph-backend-prefill (the PyTorch backend runs eagerly)")
+        raise ValueError(
+            f"--cuda-graph-backend-prefill {requested} with --attention-backend {attention_backend}: the "
+            f"plugin's backends lay each prefill batch out anew, so its attention and top-k cannot be "
+            f"captured whole; {fix}"
+        )
+    return requested == "breakable"
 
 
 class UnsupportedSpecConfig(ValueError):

@@ -56,6 +56,12 @@ class TopkBuffer:
         self._storage[: self.num_tokens].copy_(indices)
         self.source_layer = layer_id
 
+    def claim(self, layer_id: int) -> torch.Tensor:
+        """The batch's rows for a full layer to fill in place (a prefill graph's indexer break writes
+        them between captured segments), from then on the rows every later layer reads."""
+        self.source_layer = layer_id
+        return self._storage[: self.num_tokens]
+
     def read(self, layer_id: int) -> torch.Tensor:
         if self.source_layer is None or self.source_layer > layer_id:
             raise RuntimeError(
@@ -68,13 +74,17 @@ def max_forward_tokens(model_runner) -> int:
     """Most query tokens SGLang 0.5.23 puts into one forward of this model runner.
 
     A prefill batch holds at most the prefill token budget, or one chunk, or (chunking off) one
-    whole context; a mixed batch adds one decode token per request slot; decode, target-verify
+    whole context, or under prefill CUDA graphs the largest captured token bucket; a mixed batch adds one decode token per request slot; decode, target-verify
     and EAGLE draft passes hold at most (draft tokens | eagle top-k) tokens per request slot.
     """
-    from sglang.srt.runtime_context import get_schedule, get_server_args
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec, get_schedule, get_server_args
 
     schedule, args = get_schedule(), get_server_args()
     chunk = schedule.chunked_prefill_size or 0
     prefill = max(schedule.max_prefill_tokens or 0, chunk if chunk > 0 else model_runner.model_config.context_len)
+    graphs = get_exec().graph.cuda_graph_config.prefill
+    if graphs.backend != Backend.DISABLED:  # a captured prefill bucket may exceed the prefill budget
+        prefill = max(prefill, graphs.max_bs or 0, *(graphs.bs or [0]))
     per_request = max(args.speculative_num_draft_tokens or 1, args.speculative_eagle_topk or 1)
     return prefill + model_runner.req_to_token_pool.size * per_request

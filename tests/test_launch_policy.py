@@ -44,6 +44,14 @@ def test_triton_on_another_geometry_is_refused_by_name(args):
         launch_decisions(NARROW, args, on_cpu=False)
 
 
-def test_prefill_graphs_only_off_the_plugins_backends():
-    assert not prefill_cuda_graphs(TRITON_BACKEND) and not prefill_cuda_graphs(TORCH_BACKEND)
-    assert prefill_cuda_graphs("flashinfer") and prefill_cuda_graphs(None)
+def test_prefill_graphs_on_the_plugins_backends_only_breakable_and_asked_for():
+    # SGLang's default (the user named none) stays off for the plugin's backends, on for others
+    assert not prefill_cuda_graphs(TRITON_BACKEND, None) and not prefill_cuda_graphs(TORCH_BACKEND, None)
+    assert prefill_cuda_graphs("flashinfer", None) and prefill_cuda_graphs(None, None)
+    assert prefill_cuda_graphs("flashinfer", "full")
+    assert prefill_cuda_graphs(TRITON_BACKEND, "breakable")
+    assert not prefill_cuda_graphs(TRITON_BACKEND, "disabled")
+    with pytest.raises(ValueError, match=r"prefill full with --attention-backend glm_dsa_triton.*breakable or disabled"):
+        prefill_cuda_graphs(TRITON_BACKEND, "full")
+    with pytest.raises(ValueError, match=r"prefill breakable with --attention-backend glm_dsa_torch.*runs eagerly"):
+        prefill_cuda_graphs(TORCH_BACKEND, "breakable")

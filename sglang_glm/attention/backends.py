@@ -73,8 +73,9 @@ class DsaIndexBackend(Protocol):
     Tie rule: higher score first, equal scores: lower position first.
     """
 
-    def store_index_k(self, layer_id: int, index_k: "torch.Tensor", forward_batch: "ForwardBatch") -> None:
-        """Write this forward's index keys [tokens, index_head_dim] into layer `layer_id`'s cache."""
+    def store_index_k(self, layer_id: int, index_k: "torch.Tensor", loc: "torch.Tensor") -> None:
+        """Write index keys [tokens, index_head_dim] into layer `layer_id`'s cache at KV slots `loc`
+        (the forward's `out_cache_loc`, or its real rows under a padded prefill graph)."""
 
     def index_topk(
         self,

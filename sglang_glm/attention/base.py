@@ -33,8 +33,8 @@ class DSABackend(AttentionBackend, DsaIndexBackend):
         self.token_to_kv_pool.check_served_by(self.name)
         self.forward_metadata = None
 
-    def store_index_k(self, layer_id: int, index_k: torch.Tensor, forward_batch: "ForwardBatch"):
-        self.token_to_kv_pool.set_index_k(layer_id, forward_batch.out_cache_loc, index_k)
+    def store_index_k(self, layer_id: int, index_k: torch.Tensor, loc: torch.Tensor):
+        self.token_to_kv_pool.set_index_k(layer_id, loc, index_k)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         return self._forward(q, k, layer, forward_batch, save_kv_cache, **kwargs)

@@ -46,11 +46,14 @@ def _no_prefill_cuda_graph(result, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.overrides import declare_resolution
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 
-    graphs = resolving_view(server_args).cuda_graph_config
+    user = resolving_view(server_args)
+    graphs = user.cuda_graph_config
     if graphs.prefill.backend == Backend.DISABLED or not is_glm_dsa(model_config_of(server_args).hf_config):
         return result
-    if not prefill_cuda_graphs(attention_backends_of(resolved_view(server_args))[0]):
-        logger.info("GLM-DSA with the plugin's attention backend: prefill runs without CUDA graphs")
+    backend = attention_backends_of(resolved_view(server_args))[0]
+    if not prefill_cuda_graphs(backend, user.cuda_graph_backend_prefill):
+        logger.info("GLM-DSA with the plugin's attention backend: prefill runs without CUDA graphs "
+                    "(--cuda-graph-backend-prefill breakable asks for them on glm_dsa_triton)")
         declare_resolution(
             server_args, "sglang_glm", cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED)
         )

@@ -18,13 +18,26 @@ from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.layers.attention.graph_utils import attention_query_tokens
 from sglang.srt.model_executor.forward_context import get_attn_backend
+from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import (
+    eager_on_graph,
+    is_in_breakable_cuda_graph,
+)
+from sglang.srt.model_executor.runner_utils.forward_batch import get_forward_batch
+from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_graph_scope
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
 
 from sglang_glm.attention.backends import DsaIndexBackend
 from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings
 from sglang_glm.topk_buffer import TopkBuffer
+
+
+def in_breakable_prefill_graph(forward_batch: ForwardBatch) -> bool:
+    """A prefill forward SGLang captures or replays as a breakable CUDA graph (its RadixAttention
+    then runs eagerly between segments, on the real rows of a padded batch)."""
+    return is_in_breakable_cuda_graph() and is_in_prefill_graph_scope() and forward_batch.forward_mode.is_extend()
 
 
 def _rope(config, rotary_dim: int, interleave: bool):
@@ -70,6 +83,13 @@ class GlmDsaIndexer(nn.Module):
     def forward(
         self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend
     ) -> torch.Tensor:
+        q, weights, k = self.project(hidden_states, q_lora, positions)
+        backend.store_index_k(self.layer_id, k, forward_batch.out_cache_loc)
+        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
+
+    def project(self, hidden_states, q_lora, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Index queries [T, heads, dim], head weights [T, heads] and keys [T, dim]: fixed-shape work
+        that a prefill graph captures."""
         q, _ = self.wq_b(q_lora)
         q = q.view(-1, self.n_heads, self.head_dim)
         k, _ = self.wk(hidden_states)
@@ -82,8 +102,20 @@ class GlmDsaIndexer(nn.Module):
         k = torch.cat([k_rot.view(k.shape[0], 1, -1), k[..., self.rope_dim :]], dim=-1).squeeze(1)
         weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
         weights = weights.float() * self.n_heads**-0.5
-        backend.store_index_k(self.layer_id, k, forward_batch)
-        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
+        return q, weights, k
+
+    @eager_on_graph
+    def select_into(self, q, weights, k, out) -> None:
+        """Under a breakable prefill graph, between captured segments: store the real rows' index
+        keys and write their top-k into `out` (the top-k buffer's rows for the padded batch), -1 past
+        them. Reads the live batch and backend at run time, as RadixAttention's eager attention does."""
+        forward_batch = get_forward_batch()
+        n = attention_query_tokens(forward_batch, forward_batch.global_num_token_non_padded_cpu)
+        backend = get_attn_backend()
+        backend.store_index_k(self.layer_id, k[:n], forward_batch.out_cache_loc[:n])
+        if n:
+            out[:n].copy_(backend.index_topk(self.layer_id, q[:n], weights[:n], self.head_dim**-0.5, self.topk))
+        out[n:].fill_(-1)
 
 
 def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config, prefix: str) -> nn.Module:
@@ -185,11 +217,13 @@ class GlmDsaAttention(nn.Module):
         kv_a = self.kv_a_layernorm(kv_a.contiguous())
         q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
 
-        backend = get_attn_backend()
-        if run_indexer:
+        if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
+            q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
+            self.indexer.select_into(q_idx, weights, k_idx, topk_buffer.claim(self.layer_id))
+        elif run_indexer:
             topk_buffer.write(
                 self.layer_id,
-                self.indexer(hidden_states, q_lora, positions, forward_batch, backend),
+                self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
             )
         q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_kc)
         q_full = torch.cat([q_latent, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)], -1)

@@ -30,6 +30,7 @@ Configs (the model directory's own plan is IndexCache on, one full layer in four
   mtp_share_off   the same with index_share_for_mtp_iteration false: every draft step runs the indexer
   eagle_S_T       EAGLE with S draft steps, T = S + 1 tokens verified, the checkpoint's index share
                   (S in 1, 2, 3, 5); eagle_3_4_no_overlap: SGLang's overlap scheduler off
+  prefill_graphs  prefill under SGLang's breakable CUDA graphs; eagle_3_4_prefill_graphs: with EAGLE 3/4
 
 A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
 with its long-context pool; one with weights (a trained model) is served as is (outside the Triton
@@ -67,6 +68,7 @@ def eagle(steps: int) -> list[str]:
 
 
 EAGLE = eagle(3)
+PREFILL_GRAPHS = ["--cuda-graph-backend-prefill", "breakable"]  # the plugin serves them when asked
 DRAFT_STEPS = (1, 2, 3, 5)  # the draft shapes issue 29 tables: 1/2, 2/3, 3/4, 5/6
 GPU_SERVER_ARGS = [
     "--dtype", "bfloat16",
@@ -102,6 +104,8 @@ def configs(n_layers: int) -> dict[str, list[str]]:
         # the checkpoint's own index share; eagle_3_4 is mtp_share_on for a checkpoint that shares
         **{f"eagle_{n}_{n + 1}": eagle(n) for n in DRAFT_STEPS},
         "eagle_3_4_no_overlap": EAGLE + ["--disable-overlap-schedule"],
+        "prefill_graphs": PREFILL_GRAPHS,
+        "eagle_3_4_prefill_graphs": EAGLE + PREFILL_GRAPHS,
     }
 
 
