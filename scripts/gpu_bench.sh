@@ -19,6 +19,8 @@
 #   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain vs EAGLE 3/4 with and without them
 #                                      # on glm5-geometry-carry, batch 1/8/32 (needs .gpu/models), then
 #                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
+#   bash scripts/gpu_bench.sh ingraph_mtp  # the same before/after on glm5-geometry-carry's held-out text:
+#                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -76,11 +78,19 @@ case "$1" in
       timeout 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
+  ingraph_mtp)
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
+      ../../../.gpu/before_tree || exit 1
+    mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
+    timeout "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
+      --deadline-s 530 --plugin before=/tmp/plugin_before --run indexcache:text_b1,text_b8 \
+      --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
+      2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
