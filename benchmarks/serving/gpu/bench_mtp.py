@@ -19,8 +19,8 @@ the rounds and the range of the per-round speedups.
 
 Writes, as it goes, OUT/mtp_results.jsonl (one line per server, workload and round, bench_serving's
 numbers) and OUT/mtp_tokens.json; at the end OUT/mtp_speed.json (issue 29's format: EAGLE 3/1/4
-against plain per batch), OUT/mtp_shapes.json and OUT/mtp_shapes.md (every shape at every batch
-size), OUT/startup.json (each server's start-up by phase, `startup_breakdown.py`). `--tables`
+against plain per batch), OUT/mtp_shapes.json, OUT/mtp_shapes.md and OUT/mtp_shapes.png (every
+shape at every batch size), OUT/startup.json (each server's start-up by phase, `startup_breakdown.py`). `--tables`
 rebuilds the tables from a mtp_results.jsonl (a run cut short keeps its rows).
 """
 
@@ -244,6 +244,40 @@ def write_tables(rows: list[dict], out: Path) -> None:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     (out / "mtp_shapes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
+    plot_shapes(shapes, batches, meta["hardware"], out / "mtp_shapes.png")
+
+
+# issue 29's targets for EAGLE 3/4 on the trained carry model, per batch size
+TARGETS = {1: 1.6, 8: 1.3, 32: 1.0}
+
+
+def plot_shapes(shapes: dict, batches: list[int], hardware: str, path: Path) -> None:
+    """Speedup over plain decode per shape and batch: bars at the median, whiskers at the range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(shapes), 1)
+    for i, (name, per) in enumerate(shapes.items()):
+        xs = [j + (i - (len(shapes) - 1) / 2) * width for j, b in enumerate(batches) if str(b) in per]
+        cells = [per[str(b)] for b in batches if str(b) in per]
+        mid = [c["speedup"] for c in cells]
+        err = [[m - c["speedup_range"][0] for m, c in zip(mid, cells)], [c["speedup_range"][1] - m for m, c in zip(mid, cells)]]
+        ax.bar(xs, mid, width, yerr=err, capsize=2, label=name)
+    for j, b in enumerate(batches):
+        if b in TARGETS:
+            ax.hlines(TARGETS[b], j - 0.45, j + 0.45, colors="k", linestyles="dashed", linewidth=1)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_ylabel("MTP speedup over plain (TPOT)")
+    ax.set_title(f"EAGLE draft shapes, glm5-geometry-carry, held-out text ({hardware.split(',')[0]});"
+                 " dashed: issue 29 targets", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
