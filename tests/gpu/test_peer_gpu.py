@@ -12,9 +12,8 @@ import os
 
 import pytest
 
-from gpu_serving import gpu_server, record, results_dir
+from gpu_serving import gpu_server, record, results_dir, serve_and_judge
 from sglang_glm_tools import peer
-from test_serving_gpu import serve_and_judge
 
 pytestmark = pytest.mark.gpu
 

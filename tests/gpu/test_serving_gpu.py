@@ -9,30 +9,9 @@ and judges the bfloat16 tokens (the repeat's too) against the float64 reference 
 import pytest
 import requests
 
-from gpu_serving import (
-    LONG_PROMPT, PROMPTS, agreement, generate, gpu_server, make_model, record, results_dir,
-    tokens,
-)
+from gpu_serving import PROMPTS, agreement, generate, gpu_server, make_model, record, results_dir, serve_and_judge
 
 pytestmark = pytest.mark.gpu
-
-ALL_PROMPTS = PROMPTS + [LONG_PROMPT]
-
-
-def serve_and_judge(url, path, name):
-    """The request set every configuration serves; returns (tokens, agreement, outputs)."""
-    first = generate(url, PROMPTS)
-    long = generate(url, [LONG_PROMPT])
-    again = generate(url, PROMPTS[:2])  # the same prefixes again: radix-cache hits
-    assert all(o["meta_info"]["cached_tokens"] > 0 for o in again), [o["meta_info"] for o in again]
-    # A hit shrinks the batch, and with it the kernels' launch shapes, so bfloat16 sums may round
-    # differently. The repeat is judged by the same margin rule: where two runs part, at most one
-    # matches the reference, so a parting anywhere but at a near tie fails.
-    outs = first + long
-    result = agreement(path, ALL_PROMPTS + PROMPTS[:2], outs + again)
-    record(name, identical_after_cache_hit=tokens(again) == tokens(first[:2]), **result.as_dict())
-    return tokens(outs), result, outs
-
 
 @pytest.mark.parametrize(
     "name, args",

@@ -283,7 +283,7 @@ def main() -> None:
         os.environ.update({**base_env, **(peer.ENV if plugin == PEER else {})})
         os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
         label = f"{name}@{plugin}" if plugin else name
-        origin = plugin_origin()
+        origin = None if plugin == PEER else plugin_origin()  # SGLang's own path loads no plugin
         if plugin not in (None, PEER) and not all(Path(d).is_relative_to(plugins[plugin]) for d in origin.values()):
             raise SystemExit(f"[{label}] the server would import {origin}, not the plugin in {plugins[plugin]}")
         left = args.deadline_s - (time.time() - t0)
