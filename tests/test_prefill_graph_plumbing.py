@@ -6,9 +6,15 @@ real rows between captured segments. With no capture running, SGLang's `eager_on
 break directly, so the same forward under SGLang's own graph contexts (breakable scope, prefill graph
 scope, the static batch the runner sets) is what a replay computes. It must equal the eager prefill on
 the real rows, with the top-k buffer's padded rows -1. The GPU suite runs the captured version.
+
+The check runs in its own process: the in-process model runner publishes SGLang's process-wide
+runtime context (a one-rank topology), which later Engine tests in the same pytest process would
+inherit (the tensor-parallel engine test then fails its topology check).
 """
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -20,8 +26,7 @@ pytestmark = pytest.mark.slow
 MINI = Path(__file__).resolve().parents[1] / "assets" / "glm-dsa-mini"
 
 
-@pytest.fixture(scope="module")
-def model():
+def in_process_model():
     from sglang_glm_tools.calibration.inputs import inspect_model
     from sglang_glm_tools.calibration.runner import InProcessModel
 
@@ -42,7 +47,13 @@ def padded(forward_batch, bucket: int):
     return static
 
 
-def test_prefill_under_a_simulated_breakable_graph_matches_eager(model):
+def test_prefill_under_a_simulated_breakable_graph_matches_eager():
+    proc = subprocess.run([sys.executable, __file__], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+def simulated_breakable_prefill_matches_eager():
+    model = in_process_model()
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context import (
         enable_breakable_cuda_graph,
@@ -95,3 +106,7 @@ def test_prefill_under_a_simulated_breakable_graph_matches_eager(model):
     torch.testing.assert_close(got[:n], want, rtol=1e-5, atol=1e-5)
     assert torch.equal(got_topk[:n], want_topk)
     assert (got_topk[n:] == -1).all()
+
+
+if __name__ == "__main__":
+    simulated_breakable_prefill_matches_eager()

@@ -84,8 +84,7 @@ class GlmDsaIndexer(nn.Module):
         self, hidden_states, q_lora, positions, forward_batch, backend: DsaIndexBackend
     ) -> torch.Tensor:
         q, weights, k = self.project(hidden_states, q_lora, positions)
-        backend.store_index_k(self.layer_id, k, forward_batch.out_cache_loc)
-        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
+        return self._store_and_select(backend, q, weights, k, forward_batch.out_cache_loc)
 
     def project(self, hidden_states, q_lora, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Index queries [T, heads, dim], head weights [T, heads] and keys [T, dim]: fixed-shape work
@@ -111,11 +110,15 @@ class GlmDsaIndexer(nn.Module):
         them. Reads the live batch and backend at run time, as RadixAttention's eager attention does."""
         forward_batch = get_forward_batch()
         n = attention_query_tokens(forward_batch, forward_batch.global_num_token_non_padded_cpu)
-        backend = get_attn_backend()
-        backend.store_index_k(self.layer_id, k[:n], forward_batch.out_cache_loc[:n])
         if n:
-            out[:n].copy_(backend.index_topk(self.layer_id, q[:n], weights[:n], self.head_dim**-0.5, self.topk))
+            out[:n].copy_(self._store_and_select(get_attn_backend(), q[:n], weights[:n], k[:n],
+                                                 forward_batch.out_cache_loc[:n]))
         out[n:].fill_(-1)
+
+    def _store_and_select(self, backend: DsaIndexBackend, q, weights, k, loc) -> torch.Tensor:
+        """The keys into the index-K cache at KV slots `loc`, then each query's top-k positions."""
+        backend.store_index_k(self.layer_id, k, loc)
+        return backend.index_topk(self.layer_id, q, weights, self.head_dim**-0.5, self.topk)
 
 
 def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config, prefix: str) -> nn.Module:
