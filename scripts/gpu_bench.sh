@@ -16,6 +16,7 @@
 #                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
 #                                      # plain and EAGLE 3/4 decode at batch 1 and 32, each config on both
+#                                      # (INGRAPH_CONFIGS="eagle_3_4" runs only those)
 #   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain vs EAGLE 3/4 with and without them
 #                                      # on glm5-geometry-carry, batch 1/8/32 (needs .gpu/models), then
 #                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
@@ -30,33 +31,35 @@ WORK=/tmp/gpu_bench_$1
 mkdir -p "$OUT" "$WORK"
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
+# SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
+limit() { timeout -s INT -k 30 "$@"; }
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1
 cd benchmarks/serving/gpu
 case "$1" in
   shapes)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
-    timeout "${BENCH_TIMEOUT:-540}" python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
+    limit "${BENCH_TIMEOUT:-540}" python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
       --repeats "${REPEATS:-2}" 2>&1 | tee "$WORK/bench_mtp.log" ;;
   rounds)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --context 4096 --steps 8 --no-stack"
-    { timeout 200 $P --config eagle_3_4 --batch 1 32
-      timeout 170 $P --config indexcache --batch 1 32
-      timeout 150 $P --config mtp_share_off --batch 1; } 2>&1 | tee "$WORK/profile.log" ;;
+    { limit 200 $P --config eagle_3_4 --batch 1 32
+      limit 170 $P --config indexcache --batch 1 32
+      limit 150 $P --config mtp_share_off --batch 1; } 2>&1 | tee "$WORK/profile.log" ;;
   overlap)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     P="python3 profile_decode.py --model /tmp/models/glm5-geometry-carry --out $WORK --config eagle_3_4 --text --context 512"
     # the archive is refreshed after each profile, so a run cut short still brings back what it made
     pack() { tar czf "$OUT/overlap.tgz" -C "$WORK" --exclude='*.json.gz' .; }
-    { timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_overlap; pack
-      timeout 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
-      timeout 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
+    { limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_overlap; pack
+      limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
+      limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
     python3 -m pip install -q --no-deps --no-index --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
       || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    timeout "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 530 \
-      --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
+    limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
       --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
       --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log" ;;
   ingraph)
@@ -66,29 +69,29 @@ case "$1" in
       PYTHONPATH=/tmp/plugin_before:$PYTHONPATH python3 ../../kernels/bench_host_metadata.py \
         --out "$WORK/host_metadata_before.json"
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-      timeout "${BENCH_TIMEOUT:-480}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 470 \
-        --plugin before=/tmp/plugin_before --run indexcache@before:decode_b1,decode_b32 \
-        --run indexcache:decode_b1,decode_b32 --run eagle_3_4@before:decode_b1,decode_b32 \
-        --run eagle_3_4:decode_b1,decode_b32; } 2>&1 | tee "$WORK/ingraph.log" ;;
+      limit "${BENCH_TIMEOUT:-480}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+        --deadline-s $((${BENCH_TIMEOUT:-480} - 10)) --plugin before=/tmp/plugin_before \
+        $(for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do echo --run $c@before:decode_b1,decode_b32 \
+          --run $c:decode_b1,decode_b32; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
   prefill)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
-    { timeout 330 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 2 \
+    { limit 330 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 2 \
         --configs eagle_3_4 eagle_3_4_prefill_graphs
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-      timeout 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
+      limit 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
   ingraph_mtp)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
-    timeout "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
+    limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
       --deadline-s 530 --plugin before=/tmp/plugin_before --run indexcache:text_b1,text_b8 \
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    timeout "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
+    limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
   *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|cold" >&2; exit 2 ;;
 esac

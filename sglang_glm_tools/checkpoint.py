@@ -65,6 +65,10 @@ def build_config(config_overrides: dict | None = None, *, mtp: bool = True, base
     fields.update(config_overrides or {})
     fields["num_nextn_predict_layers"] = 1 if mtp else 0
     fields.setdefault("dtype", "float32")
+    # published GLM-5 configs carry these routing fields (transformers' class drops them from its
+    # signature); SGLang's own GLM-DSA path, the peer of issue 30, reads them
+    for name, value in (("moe_layer_freq", 1), ("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+        fields.setdefault(name, value)
     return GlmMoeDsaConfig(**fields)
 
 

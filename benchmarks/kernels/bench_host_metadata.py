@@ -65,6 +65,7 @@ def main() -> None:
     import sglang_glm
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend, TritonDSAMultiStepDraftBackend
 
+    TritonDSABackend._warm_up_kernels = lambda self, runner: None  # host layout only: no kernel runs here
     r = runner()
     rows = []
     for bs in (1, 32):
