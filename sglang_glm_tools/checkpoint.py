@@ -65,9 +65,12 @@ def build_config(config_overrides: dict | None = None, *, mtp: bool = True, base
     fields.update(config_overrides or {})
     fields["num_nextn_predict_layers"] = 1 if mtp else 0
     fields.setdefault("dtype", "float32")
-    # published GLM-5 configs carry these routing fields (transformers' class drops them from its
-    # signature); SGLang's own GLM-DSA path, the peer of issue 30, reads them
-    for name, value in (("moe_layer_freq", 1), ("topk_method", "noaux_tc"), ("scoring_func", "sigmoid")):
+    # Published GLM-5 configs carry these (transformers' class drops them) and SGLang's own GLM-DSA
+    # path, issue 30's peer, reads them: the routing fields raise when absent; a missing
+    # indexer_rope_interleave silently gives its indexer half-split RoPE (GLM and transformers interleave).
+    published = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+                 "rope_interleave": True, "indexer_rope_interleave": True}
+    for name, value in published.items():
         fields.setdefault(name, value)
     return GlmMoeDsaConfig(**fields)
 

@@ -28,6 +28,18 @@ def tensors(ckpt):
     return load_file(str(ckpt / "model.safetensors"))
 
 
+def test_config_carries_the_published_fields_sglangs_own_path_reads(ckpt):
+    """SGLang's own GLM-DSA model (issue 30's peer) raises without the routing fields and silently
+    runs its indexer RoPE half-split without indexer_rope_interleave (found on the H200 and on CPU)."""
+    from transformers import AutoConfig
+
+    written = json.loads((ckpt / "config.json").read_text())
+    assert {k: written.get(k) for k in ("moe_layer_freq", "topk_method", "scoring_func")} == {
+        "moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    loaded = AutoConfig.from_pretrained(str(ckpt))
+    assert loaded.indexer_rope_interleave is True and loaded.rope_interleave is True
+
+
 def test_experts_stored_per_expert(ckpt, tensors):
     cfg = json.loads((ckpt / "config.json").read_text())
     for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"] + 1):
