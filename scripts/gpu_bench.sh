@@ -22,6 +22,9 @@
 #                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
 #   bash scripts/gpu_bench.sh ingraph_mtp  # the same before/after on glm5-geometry-carry's held-out text:
 #                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
+#   bash scripts/gpu_bench.sh tokenmap # issue 29: EAGLE 3/4 with and without a 32768-id --speculative-token-map
+#                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
+#                                      # decode, GLM-5.2-shaped model, batch 1 and 32, then the round by phase
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -89,11 +92,18 @@ case "$1" in
       --deadline-s 530 --plugin before=/tmp/plugin_before --run indexcache:text_b1,text_b8 \
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
+  tokenmap)
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    { limit 400 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 390 \
+        --run indexcache:decode_b1,decode_b32 --run eagle_3_4:decode_b1,decode_b32 \
+        --run eagle_3_4_token_map:decode_b1,decode_b32
+      limit 150 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --context 4096 --steps 8 --no-stack \
+        --config eagle_3_4_token_map --batch 1 32; } 2>&1 | tee "$WORK/tokenmap.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|tokenmap|cold" >&2; exit 2 ;;
 esac
 rc=$?
 tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .

@@ -93,7 +93,10 @@ def override(**fields) -> list[str]:
     return ["--json-model-override-args", json.dumps(fields)]
 
 
-def configs(n_layers: int) -> dict[str, list[str]]:
+def configs(n_layers: int, model: Path | None = None) -> dict[str, list[str]]:
+    """Server flags by config name; a model directory holding a `hot_vocab.pt` token map
+    (make_glm52_shaped.py) adds `eagle_3_4_token_map`."""
+    hot_vocab = model / "hot_vocab.pt" if model is not None else None
     return {
         "indexcache": [],
         "all_full": override(indexer_types=["full"] * n_layers),
@@ -106,6 +109,9 @@ def configs(n_layers: int) -> dict[str, list[str]]:
         "eagle_3_4_no_overlap": EAGLE + ["--disable-overlap-schedule"],
         "prefill_graphs": PREFILL_GRAPHS,
         "eagle_3_4_prefill_graphs": EAGLE + PREFILL_GRAPHS,
+        # the draft's LM head cut to the map's rows (SGLang's --speculative-token-map)
+        **({"eagle_3_4_token_map": EAGLE + ["--speculative-token-map", str(hot_vocab)]}
+           if hot_vocab is not None and hot_vocab.exists() else {}),
     }
 
 
@@ -263,7 +269,7 @@ def main() -> None:
         if not (args.peer_site / "flash_mla").is_dir():
             raise SystemExit(f"--peer-site {args.peer_site}: no flash_mla package there (pip install --target DIR sgl-flash-mla)")
         plugins[PEER] = str(args.peer_site.resolve())
-    runs = parse_runs(args.run, configs(n_layers), plugins)
+    runs = parse_runs(args.run, configs(n_layers, args.model), plugins)
     gpu = not on_cpu()
     scale = args.scale if args.scale is not None else (1.0 if gpu else 1 / 256)
     dummy, extra, server_env = server_setup(args.model, gpu)
@@ -292,7 +298,7 @@ def main() -> None:
             continue
         print(f"[{label}] starting server (t={time.time() - t0:.0f}s)", flush=True)
         ts = time.time()
-        flags = [*configs(n_layers)[name], *extra]
+        flags = [*configs(n_layers, args.model)[name], *extra]
         if plugin == PEER:
             own = peer.flags(flags)
             flags += own

@@ -16,6 +16,10 @@ and the prompts file holds random words: distinct prompts, no accidental radix-c
 
     python benchmarks/serving/gpu/make_glm52_shaped.py OUT_DIR [--tiny]
 
+`hot_vocab.pt` is a `--speculative-token-map` of 32768 ids (the first ones: weights are random, so
+which ids does not matter, only how many rows the draft's LM head keeps); bench_gpu's
+`eagle_3_4_token_map` serves it.
+
 `--tiny` keeps the vocabulary, plan and layer count but shrinks the widths, for a CPU smoke run.
 """
 
@@ -26,7 +30,10 @@ import json
 import random
 from pathlib import Path
 
+import torch
+
 VOCAB = 154880
+HOT_VOCAB = 32768  # the draft head's rows with a token map: a fifth of GLM's vocabulary
 PLAN = "FSSSFSSS"
 
 GLM52_LAYER = dict(
@@ -94,6 +101,7 @@ def main() -> None:
     (args.out / "config.json").write_text(json.dumps(config(args.tiny), indent=1))
     write_tokenizer(args.out)
     write_prompts(args.out)
+    torch.save(list(range(HOT_VOCAB)), args.out / "hot_vocab.pt")
     print(f"wrote {args.out} (plan {PLAN}, {'tiny' if args.tiny else 'GLM-5.2'} widths, vocab {VOCAB})")
 
 

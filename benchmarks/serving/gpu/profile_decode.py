@@ -359,7 +359,7 @@ def record_traces(args, cfg: dict, label: str) -> None:
     _, extra, _ = server_setup(args.model, gpu=True)
     if args.plugin:  # its directory first, and servers started away from the working tree (bench_gpu.py)
         os.environ["PYTHONPATH"] = os.pathsep.join([str(args.plugin.resolve()), os.environ.get("PYTHONPATH", "")])
-    flags = [*configs(cfg["num_hidden_layers"])[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else []),
+    flags = [*configs(cfg["num_hidden_layers"], args.model)[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else []),
              *shlex.split(args.server_args)]
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)
