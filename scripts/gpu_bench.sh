@@ -64,7 +64,8 @@ case "$1" in
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
       --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
       --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
-      --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log" ;;
+      --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log"
+    python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
   ingraph)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1

@@ -1,0 +1,71 @@
+"""Issue 30's side-by-side: one bench_gpu.py run's results.jsonl (plugin rows `CONFIG`, SGLang's own path
+`CONFIG@sglang`) -> results/peer.json, a list of {"what", "metric", "sglang", "plugin", "ratio"} rows
+(ratio = SGLang's time / the plugin's: > 1 means the plugin is faster), and peer.md, the table.
+
+Only rows of the same config and workload in the same file pair up (one run, one machine); where a side
+ran a workload more than once the median counts. Decode workloads compare TPOT, prefill ones TTFT.
+
+    python benchmarks/serving/gpu/peer_report.py RUN_DIR/results.jsonl [--out benchmarks/serving/gpu/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PEER = "sglang"
+
+
+def metric(workload: str) -> str:
+    return "median_ttft_ms" if workload.startswith("prefill") else "median_tpot_ms"
+
+
+def peer_rows(rows: list[dict]) -> list[dict]:
+    times = defaultdict(list)  # (config, workload, side) -> times
+    for r in rows:
+        if "error" in r or r.get("plugin") not in (None, PEER):
+            continue  # a server that did not start, or another plugin copy (a before/after run)
+        value = r.get(metric(r["workload"]))
+        if value is not None:
+            times[(r["config"], r["workload"], "sglang" if r.get("plugin") == PEER else "plugin")].append(value)
+    out = []
+    for (config, workload, side), sglang in sorted(times.items()):
+        plugin = times.get((config, workload, "plugin"))
+        if side != "sglang" or not plugin:
+            continue
+        s, p = statistics.median(sglang), statistics.median(plugin)
+        out.append({"what": f"{config} {workload}", "metric": metric(workload), "sglang": round(s, 3),
+                    "plugin": round(p, 3), "ratio": round(s / p, 3)})
+    return out
+
+
+def markdown(rows: list[dict], hardware: str) -> str:
+    lines = [f"SGLang's own GLM-DSA path vs the plugin, one run on {hardware} (ratio > 1: the plugin is faster)", "",
+             "| what | metric | SGLang | plugin | ratio |", "|---|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['metric']} | {r['sglang']:.2f} ms | {r['plugin']:.2f} ms | {r['ratio']:.2f}x |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path, help="a bench_gpu.py run's results.jsonl")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    table = peer_rows(rows)
+    if not table:
+        raise SystemExit(f"{args.results}: no config served by both SGLang's own path and the plugin")
+    hardware = next((r["meta"]["hardware"] for r in rows if "meta" in r), "unknown hardware")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peer.json").write_text(json.dumps(table, indent=1) + "\n")
+    (args.out / "peer.md").write_text(markdown(table, hardware))
+    print(markdown(table, hardware))
+
+
+if __name__ == "__main__":
+    main()
