@@ -24,16 +24,19 @@
 #                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
 #   bash scripts/gpu_bench.sh tokenmap # issue 29: EAGLE 3/4 with and without a 32768-id --speculative-token-map
 #                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
-#                                      # decode, GLM-5.2-shaped model, batch 1 and 32, then the round by phase
+#                                      # decode, GLM-5.2-shaped model, batch 1 and 32
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
 WORK=/tmp/gpu_bench_$1
+rm -rf "$WORK"  # a machine kept warm between calls still holds the last call's run
 mkdir -p "$OUT" "$WORK"
+# whatever the run made comes back, also when a step fails or is cut short
+trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .' EXIT
 . .gpu/device_env.sh
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 # SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
 limit() { timeout -s INT -k 30 "$@"; }
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1
@@ -58,7 +61,7 @@ case "$1" in
       limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
-    python3 -m pip install -q --no-deps --no-index --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
+    python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
       || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
@@ -67,7 +70,7 @@ case "$1" in
       --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log"
     python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
   ingraph)
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     { python3 ../../kernels/bench_host_metadata.py --out "$WORK/host_metadata_after.json"
       PYTHONPATH=/tmp/plugin_before:$PYTHONPATH python3 ../../kernels/bench_host_metadata.py \
@@ -86,7 +89,7 @@ case "$1" in
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
   ingraph_mtp)
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/plugin_before \
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
@@ -95,17 +98,13 @@ case "$1" in
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   tokenmap)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    { limit 400 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 390 \
-        --run indexcache:decode_b1,decode_b32 --run eagle_3_4:decode_b1,decode_b32 \
-        --run eagle_3_4_token_map:decode_b1,decode_b32
-      limit 150 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --context 4096 --steps 8 --no-stack \
-        --config eagle_3_4_token_map --batch 1 32; } 2>&1 | tee "$WORK/tokenmap.log" ;;
+    limit 500 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
+      --run indexcache:decode_b1,decode_b32 --run eagle_3_4:decode_b1,decode_b32 \
+      --run eagle_3_4_token_map:decode_b1,decode_b32 2>&1 | tee "$WORK/tokenmap.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
   *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|tokenmap|cold" >&2; exit 2 ;;
 esac
-rc=$?
-tar czf "$OUT/$1.tgz" -C "$WORK" --exclude='*.json.gz' --exclude='heldout_sharegpt.json' .
-exit $rc
+exit $?

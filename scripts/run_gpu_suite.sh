@@ -9,11 +9,11 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
 mkdir -p "$OUT"
 . .gpu/device_env.sh
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site_plugin . || exit 1
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RESULTS=/tmp/glm_gpu_results
 # SGLang's own GLM-DSA path (tests/gpu/test_peer_gpu.py) needs FlashMLA: .gpu/peer's sgl-flash-mla wheel
 for w in .gpu/peer/sgl_flash_mla-*.whl; do
-  [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site_peer "$w" && export GLM_PEER_SITE=/tmp/site_peer
+  [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer "$w" && export GLM_PEER_SITE=/tmp/site_peer
 done
 # Multi-GPU hosts are shared: NVLink multicast stays off (the device notes say why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
