@@ -2,7 +2,8 @@
 # Issues 29, 30 and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
 # The device tool brings back 8 files at most, so each run packs its whole output into $OUT/NAME.tgz.
 #   bash scripts/gpu_bench.sh shapes   # bench_mtp: plain vs EAGLE 1/2, 2/3, 3/4, 5/6 and 3/4 without
-#                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models)
+#                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models;
+#                                      # SHAPES_CONFIGS="eagle_3_4 ..." serves only those beside plain)
 #   bash scripts/gpu_bench.sh rounds   # profile_decode: GLM-5.2-shaped round by phase (batch 1/32),
 #                                      # the plain step, and the round with index share off
 #   bash scripts/gpu_bench.sh overlap  # profile_decode: glm5-geometry-carry's EAGLE 3/4 round at batch 1/8 with
@@ -17,8 +18,9 @@
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
 #                                      # plain and EAGLE 3/4 decode at batch 1 and 32, each config on both
 #                                      # (INGRAPH_CONFIGS="eagle_3_4" runs only those)
-#   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain vs EAGLE 3/4 with and without them
-#                                      # on glm5-geometry-carry, batch 1/8/32 (needs .gpu/models), then
+#   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain and EAGLE 3/4 with and without them
+#                                      # on glm5-geometry-carry, batch 1/8/32 (speedups against plain with
+#                                      # them; needs .gpu/models), then
 #                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
 #   bash scripts/gpu_bench.sh ingraph_mtp  # the same before/after on glm5-geometry-carry's held-out text:
 #                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
@@ -34,7 +36,9 @@ WORK=/tmp/gpu_bench_$1
 rm -rf "$WORK"  # a machine kept warm between calls still holds the last call's run
 mkdir -p "$OUT" "$WORK"
 # whatever the run made comes back, also when a step fails or is cut short
-trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .' EXIT
+# (and SGLang's JIT-compiled CUDA modules, for .gpu/carry/jitcache.tar.gz: ~2 minutes of nvcc otherwise)
+trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .
+      tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null' EXIT
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 # SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
@@ -45,7 +49,7 @@ case "$1" in
   shapes)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     limit "${BENCH_TIMEOUT:-540}" python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
-      --repeats "${REPEATS:-2}" 2>&1 | tee "$WORK/bench_mtp.log" ;;
+      --repeats "${REPEATS:-2}" ${SHAPES_CONFIGS:+--configs $SHAPES_CONFIGS} 2>&1 | tee "$WORK/bench_mtp.log" ;;
   rounds)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --context 4096 --steps 8 --no-stack"
@@ -82,10 +86,10 @@ case "$1" in
           --run $c:decode_b1,decode_b32; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
   prefill)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
-    { limit 330 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 2 \
-        --configs eagle_3_4 eagle_3_4_prefill_graphs
+    { limit 320 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 3 \
+        --plain prefill_graphs --headline eagle_3_4_prefill_graphs --configs eagle_3_4_prefill_graphs indexcache eagle_3_4
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-      limit 230 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 220 \
+      limit 200 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 190 \
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
   ingraph_mtp)

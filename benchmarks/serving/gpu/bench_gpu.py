@@ -79,6 +79,9 @@ GPU_SERVER_ARGS = [
 # A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
 # every token to the same experts, so SGLang's switch spreads them (never with trained weights).
 POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-context pool
+# SGLang's own path captures breakable prefill graphs (its DSA default) up to 8192 tokens after the
+# pool is allocated: 0.88 left it 16 GB and the capture ran out of memory (session 17)
+PEER_POOL_ARGS = ["--mem-fraction-static", "0.75"]
 DUMMY_ARGS = ["--load-format", "dummy"]
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 # A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
@@ -301,7 +304,7 @@ def main() -> None:
         flags = [*configs(n_layers, args.model)[name], *extra]
         if plugin == PEER:
             own = peer.flags(flags)
-            flags += own
+            flags += own + PEER_POOL_ARGS  # later flags win
             print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {plugins[PEER]}", flush=True)
         else:
             print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)

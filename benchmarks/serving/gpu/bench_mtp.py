@@ -97,6 +97,9 @@ def main() -> None:
     ap.add_argument("--model", type=Path, help="a trained GLM-DSA checkpoint with its MTP layer")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
+    ap.add_argument("--plain", default=PLAIN, help="the server without speculation every config is measured against "
+                    "(same flags but speculation: e.g. prefill_graphs for the *_prefill_graphs configs)")
+    ap.add_argument("--headline", default=HEADLINE, help="the config mtp_speed.json reports")
     ap.add_argument("--workloads", nargs="+", default=list(BATCHES))
     ap.add_argument("--tables", type=Path, default=None, help="only rebuild the tables from this mtp_results.jsonl")
     ap.add_argument("--compile-probe", action="store_true",
@@ -105,7 +108,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds of every workload on every server")
     args = ap.parse_args()
     if args.tables:
-        write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent)
+        write_tables([json.loads(line) for line in args.tables.read_text().splitlines()], args.tables.parent,
+                     args.plain, args.headline)
         return
     if not (args.model and args.out):
         ap.error("--model and --out are required unless --tables is given")
@@ -117,12 +121,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)  # servers import the installed plugin, not a working tree's (bench_gpu.py)
     meta = {"hardware": hardware(), "server_args": extra + SHARED_GPU_ARGS, "model_path": str(args.model)}
-    print(f"{meta['hardware']}; servers: {[PLAIN] + args.configs}", flush=True)
+    print(f"{meta['hardware']}; servers: {[args.plain] + args.configs}", flush=True)
 
     if args.compile_probe:  # the servers inherit this environment
         os.environ["GLM_COMPILE_PROBE_LOG"] = str(args.out / "compiles.jsonl")
         os.environ["PYTHONPATH"] = os.pathsep.join([str(COMPILE_PROBE), os.environ.get("PYTHONPATH", "")])
-    names = [PLAIN] + args.configs
+    names = [args.plain] + args.configs
     ready = {n: queue.Queue() for n in names}
     done = {n: threading.Event() for n in names}
     threads = []
@@ -167,9 +171,10 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
         for n in up:
             tokens[n] = greedy_tokens(urls[n], texts)
         for n in up:
-            if n != PLAIN and PLAIN in tokens:
-                token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[PLAIN], tokens[n])), "of": len(texts),
-                                   "partings": parting_margins(args.model, texts, tokens[PLAIN], tokens[n])}
+            if n != args.plain and args.plain in tokens:
+                token_report[n] = {"identical": sum(a == b for a, b in zip(tokens[args.plain], tokens[n])),
+                                   "of": len(texts),
+                                   "partings": parting_margins(args.model, texts, tokens[args.plain], tokens[n])}
         (args.out / "mtp_tokens.json").write_text(json.dumps(token_report, indent=1))
         for n, rep in token_report.items():
             print(f"[{n}] greedy tokens: {rep['identical']} of {rep['of']} prompts identical to plain; partings "
@@ -192,7 +197,7 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
                 windows[n].append((timed_from, time.time()))
 
     if rows:
-        write_tables(rows, args.out)
+        write_tables(rows, args.out, args.plain, args.headline)
     (args.out / "startup.json").write_text(json.dumps(  # issue 31: each server's start-up by phase
         {n: breakdown((args.out / f"server_{n}.log").read_text(errors="replace")) for n in up}, indent=1))
     compiles = args.out / "compiles.jsonl"
@@ -204,7 +209,7 @@ def measure(args, names: list[str], ready: dict, meta: dict, t0: float) -> None:
                  "kernels": sorted({x["kernel"] for x in c}), "variants": c[:50]} for n, c in timed.items()}, indent=1))
 
 
-def write_tables(rows: list[dict], out: Path) -> None:
+def write_tables(rows: list[dict], out: Path, plain_name: str = PLAIN, headline: str = HEADLINE) -> None:
     """mtp_speed.json (issue 29's headline shape), mtp_shapes.json/.md (every shape): per config and
     batch the median over repeats of bench_serving's median TPOT and ITL, the speedup the ratio of
     the medians, with the lowest and highest per-repeat ratio beside it."""
@@ -219,8 +224,8 @@ def write_tables(rows: list[dict], out: Path) -> None:
 
     shapes = {}
     for (name, batch), rs in sorted(by.items()):
-        plain = by.get((PLAIN, batch))
-        if name == PLAIN or plain is None:
+        plain = by.get((plain_name, batch))
+        if name == plain_name or plain is None:
             continue
         p_tpot, m_tpot = med([r["median_tpot_ms"] for r in plain]), med([r["median_tpot_ms"] for r in rs])
         pairs = [a["median_tpot_ms"] / b["median_tpot_ms"] for a, b in zip(
@@ -231,7 +236,7 @@ def write_tables(rows: list[dict], out: Path) -> None:
             "plain_itl_ms": med([r["median_itl_ms"] for r in plain]), "mtp_itl_ms": med([r["median_itl_ms"] for r in rs]),
             "accept_length": med([r["accept_length"] for r in rs])}
     head = {"hardware": meta["hardware"], "model": meta["model_path"], "shape": "EAGLE 3 steps / topk 1 / 4 draft tokens",
-            "batch": shapes.get(HEADLINE, {})}
+            "config": headline, "plain": plain_name, "batch": shapes.get(headline, {})}
     (out / "mtp_speed.json").write_text(json.dumps(head, indent=1))
     (out / "mtp_shapes.json").write_text(json.dumps({"hardware": meta["hardware"], "shapes": shapes}, indent=1))
     batches = sorted({int(b) for s in shapes.values() for b in s})
