@@ -149,13 +149,18 @@ def test_control_sparsity_removed_is_rejected(models):
     dense.assert_agrees()
 
 
-def test_prefill_under_breakable_cuda_graphs(models):
+MTP_CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", "4")
+
+
+@pytest.mark.parametrize("name, spec", [("triton_prefill_graphs", ()), ("triton_prefill_graphs_mtp", MTP_CHAIN)])
+def test_prefill_under_breakable_cuda_graphs(models, name, spec):
     """`--cuda-graph-backend-prefill breakable` on glm_dsa_triton: prefills replay SGLang's breakable
     graphs (attention and the indexer's store + top-k run eagerly between captured segments, on the
     real rows of the padded batch) and the tokens agree with the reference, the chunked long prompt
-    and the radix-cache repeat included. No prefill served from a graph fails the test."""
-    name = "triton_prefill_graphs"
-    args = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "1024")
+    and the radix-cache repeat included, also with MTP (the README's GPU command). No prefill served
+    from a graph fails the test."""
+    args = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "1024", *spec)
     with gpu_server(models["glm52"], name, *args) as url:
         got, result, _ = serve_and_judge(url, models["glm52"], name)
     served = [line for line in (results_dir() / f"server_{name}.log").read_text().splitlines()
