@@ -26,7 +26,8 @@
 #                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
 #   bash scripts/gpu_bench.sh tokenmap # issue 29: EAGLE 3/4 with and without a 32768-id --speculative-token-map
 #                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
-#                                      # decode, GLM-5.2-shaped model, batch 1 and 32
+#                                      # decode, GLM-5.2-shaped model, batch 1 and 32 (GLM52_LAYERS=12: a deeper
+#                                      # proxy; TOKENMAP_WORKLOADS=decode_b1: batch 1 only)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -101,10 +102,10 @@ case "$1" in
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   tokenmap)
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    python3 make_glm52_shaped.py /tmp/glm52 --layers "${GLM52_LAYERS:-8}" > /dev/null
+    W=${TOKENMAP_WORKLOADS:-decode_b1,decode_b32}
     limit 500 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
-      --run indexcache:decode_b1,decode_b32 --run eagle_3_4:decode_b1,decode_b32 \
-      --run eagle_3_4_token_map:decode_b1,decode_b32 2>&1 | tee "$WORK/tokenmap.log" ;;
+      --run indexcache:$W --run eagle_3_4:$W --run eagle_3_4_token_map:$W 2>&1 | tee "$WORK/tokenmap.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \

@@ -24,3 +24,13 @@ def test_model_directory_carries_a_token_map_that_bench_gpu_serves(tmp_path):
     assert with_map["eagle_3_4_token_map"] == with_map["eagle_3_4"] + ["--speculative-token-map",
                                                                         str(model / "hot_vocab.pt")]
     assert "eagle_3_4_token_map" not in without
+
+
+def test_deeper_proxies_repeat_the_plan_and_refuse_fewer_than_four_layers(tmp_path):
+    make = [sys.executable, str(GPU_BENCH / "make_glm52_shaped.py")]
+    subprocess.run([*make, str(tmp_path / "m12"), "--tiny", "--layers", "12"], check=True, capture_output=True)
+    config = json.loads((tmp_path / "m12" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 12 and config["first_k_dense_replace"] == 3
+    assert "".join("F" if t == "full" else "S" for t in config["indexer_types"]) == "FSSS" * 3
+    r = subprocess.run([*make, str(tmp_path / "m3"), "--tiny", "--layers", "3"], capture_output=True, text=True)
+    assert r.returncode != 0 and "--layers 3" in r.stderr

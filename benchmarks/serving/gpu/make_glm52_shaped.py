@@ -2,8 +2,8 @@
 
 GLM-5.2's per-layer width (hidden 6144, 64 heads, q_lora 2048, kv_lora 512, rope 64, v_head 256,
 indexer 32 x 128 with top-k 2048, 256 experts top-8 of width 2048 plus a shared expert, FP8 128x128
-block weights) on its first 8 layers (3 dense, 5 MoE) and its MTP layer. IndexCache plan FSSSFSSS:
-GLM-5.2's steady state of one full layer in four.
+block weights) on its first 8 layers (3 dense, 5 MoE; `--layers`) and its MTP layer. IndexCache plan
+FSSSFSSS: GLM-5.2's steady state of one full layer in four.
 
 Weights come from SGLang's own benchmarking loader (`--load-format dummy`): the 8 layers and the
 MTP layer weigh about 67 GB in FP8, more than the H200 machine's 64 GiB disk could hold as a
@@ -20,6 +20,10 @@ and the prompts file holds random words: distinct prompts, no accidental radix-c
 which ids does not matter, only how many rows the draft's LM head keeps); bench_gpu's
 `eagle_3_4_token_map` serves it.
 
+`--layers N` serves a deeper slice of GLM-5.2 (the plan repeats FSSS; 3 dense layers, the rest MoE):
+the draft side of an MTP round does not grow with depth, so a deeper proxy weighs it nearer to
+GLM-5.2's 78 layers. Each MoE layer adds ~9.7 GB of FP8 weights: 12 layers fit the H200 beside a pool.
+
 `--tiny` keeps the vocabulary, plan and layer count but shrinks the widths, for a CPU smoke run.
 """
 
@@ -34,7 +38,7 @@ import torch
 
 VOCAB = 154880
 HOT_VOCAB = 32768  # the draft head's rows with a token map: a fifth of GLM's vocabulary
-PLAN = "FSSSFSSS"
+PLAN_UNIT = "FSSS"  # GLM-5.2's steady state: one full layer in four
 
 GLM52_LAYER = dict(
     hidden_size=6144, num_attention_heads=64, num_key_value_heads=64, q_lora_rank=2048,
@@ -52,12 +56,16 @@ TINY_LAYER = dict(
 )
 
 
-def config(tiny: bool) -> dict:
+def plan(layers: int) -> str:
+    return (PLAN_UNIT * layers)[:layers]
+
+
+def config(tiny: bool, layers: int = 8) -> dict:
     from sglang_glm_tools.checkpoint import FP8_BLOCK, build_config, fp8_quantization_config
 
     fields = dict(
         TINY_LAYER if tiny else GLM52_LAYER,
-        vocab_size=VOCAB, num_hidden_layers=len(PLAN), indexer_types=["full" if c == "F" else "shared" for c in PLAN],
+        vocab_size=VOCAB, num_hidden_layers=layers, indexer_types=["full" if c == "F" else "shared" for c in plan(layers)],
         max_position_embeddings=202752, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         bos_token_id=0, eos_token_id=1, index_share_for_mtp_iteration=True, dtype="bfloat16",
     )
@@ -96,13 +104,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--layers", type=int, default=8, help="decoder layers (>= 4: 3 dense, then MoE)")
     args = ap.parse_args()
+    if args.layers < 4:
+        ap.error(f"--layers {args.layers}: GLM-5.2's first 3 layers are dense, so at least 4 keep an MoE layer")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "config.json").write_text(json.dumps(config(args.tiny), indent=1))
+    (args.out / "config.json").write_text(json.dumps(config(args.tiny, args.layers), indent=1))
     write_tokenizer(args.out)
     write_prompts(args.out)
     torch.save(list(range(HOT_VOCAB)), args.out / "hot_vocab.pt")
-    print(f"wrote {args.out} (plan {PLAN}, {'tiny' if args.tiny else 'GLM-5.2'} widths, vocab {VOCAB})")
+    print(f"wrote {args.out} (plan {plan(args.layers)}, {'tiny' if args.tiny else 'GLM-5.2'} widths, vocab {VOCAB})")
 
 
 if __name__ == "__main__":
