@@ -22,7 +22,8 @@ which ids does not matter, only how many rows the draft's LM head keeps); bench_
 
 `--layers N` serves a deeper slice of GLM-5.2 (the plan repeats FSSS; 3 dense layers, the rest MoE):
 the draft side of an MTP round does not grow with depth, so a deeper proxy weighs it nearer to
-GLM-5.2's 78 layers. Each MoE layer adds ~9.7 GB of FP8 weights: 12 layers fit the H200 beside a pool.
+GLM-5.2's 78 layers. Each MoE layer adds ~9.7 GB of FP8 weights: 12 layers (~107 GB with the MTP
+layer) should leave the H200 room for a pool (not yet served).
 
 `--tiny` keeps the vocabulary, plan and layer count but shrinks the widths, for a CPU smoke run.
 """
