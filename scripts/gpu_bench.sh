@@ -28,6 +28,10 @@
 #                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
 #                                      # decode, GLM-5.2-shaped model, batch 1 and 32 (GLM52_LAYERS=12: a deeper
 #                                      # proxy; TOKENMAP_WORKLOADS=decode_b1: batch 1 only)
+#   bash scripts/gpu_bench.sh topk     # before/after of the top-k select, before = .gpu/before_tree as for ingraph:
+#                                      # compare_versions on batch 1 and 8 rows of 4K keys in 202752-wide
+#                                      # logits (decode graphs' width) and 8 full-width rows (every chunk used),
+#                                      # then bench_gpu plain decode at batch 1/8 on the GLM-5.2-shaped model
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -85,6 +89,16 @@ case "$1" in
         --deadline-s $((${BENCH_TIMEOUT:-480} - 10)) --plugin before=/tmp/plugin_before \
         $(for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do echo --run $c@before:decode_b1,decode_b32 \
           --run $c:decode_b1,decode_b32; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
+  topk)
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
+      ../../../.gpu/before_tree || exit 1
+    { python3 ../../kernels/compare_versions.py --pkg before=/tmp/plugin_before/glm_dsa_kernels \
+        --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752 \
+        --out "$WORK/compare_topk.json"
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      limit "${BENCH_TIMEOUT:-420}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+        --deadline-s $((${BENCH_TIMEOUT:-420} - 10)) --plugin before=/tmp/plugin_before \
+        --run indexcache@before:decode_b1,decode_b8 --run indexcache:decode_b1,decode_b8; } 2>&1 | tee "$WORK/topk.log" ;;
   prefill)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     { limit 320 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 3 \
@@ -110,6 +124,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|prefill|ingraph_mtp|tokenmap|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|cold" >&2; exit 2 ;;
 esac
 exit $?

@@ -1,11 +1,16 @@
-"""Time sparse MLA from several copies of the glm_dsa_kernels package in one GPU run (kernel
-variants that are not launch shapes: a different schedule, barrier or prefetch), each checked
-against float64 first. Copies are made with
+"""Time sparse MLA or the top-k select from several copies of the glm_dsa_kernels package in one
+GPU run (kernel variants that are not launch shapes: a different schedule, barrier or prefetch),
+each checked first (sparse MLA against float64, the top-k exactly against its reference). Copies
+are made with
   git archive REV kernels/glm_dsa_kernels | tar x -C DIR --strip-components=2
 or by editing a copy; the run's log names what each copy changes.
 
   python3 benchmarks/kernels/compare_versions.py --pkg a=DIR_A --pkg b=DIR_B \
-      [--problems bf16:64:64,bf16:256:64,bf16:4096:64] [--out results.json]
+      [--problems bf16:64:64,bf16:256:64,bf16:4096:64,topk:1:4096:202752] [--out results.json]
+
+Problems: fmt:T:H is sparse MLA (fmt bf16 or fp8 KV, T queries, H heads, 2048 keys each);
+topk:T:KEYS:WIDTH is topk_positions' top 2048 of T rows of KEYS keys inside logits WIDTH wide, as
+under decode CUDA graphs (the logits as wide as the longest context, +inf past each row's keys).
 
 Prints, per problem, each copy's median (bench_kernels.bench: CUDA graph, L2 evicted) and its
 ratio to the first copy.
@@ -24,33 +29,50 @@ from bench_kernels import bench, load_previous, measure_ceilings, mla_inputs, re
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pkg", action="append", required=True, help="NAME=DIR of a package copy (repeat)")
-    ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64", help="fmt:T:H, comma list")
+    ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64",
+                    help="fmt:T:H or topk:T:KEYS:WIDTH, comma list")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    copies = [(n, *load_previous(Path(d), "sparse_mla", name=n)) for n, d in (p.split("=", 1) for p in args.pkg)]
+    copies = [(n, *load_previous(Path(d), "sparse_mla", "topk_select", name=n))
+              for n, d in (p.split("=", 1) for p in args.pkg)]
     bw, peak = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s", flush=True)
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
     kv_fp8 = copies[0][1].quantize_kv_fp8(kv_bf16)
     results = []
     for problem in args.problems.split(","):
-        fmt, T, H = problem.split(":")
-        T, H = int(T), int(H)
-        kv = kv_fp8 if fmt == "fp8" else kv_bf16
-        q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
-        sub = torch.arange(0, T, max(1, T // 8), device="cuda")
-        ref, _ = copies[0][1].sparse_mla_fwd_ref(q[sub], kv, idx[sub], 576**-0.5)
-        fl = copies[0][1].sparse_mla_flops(T, H, 2048)
+        fmt, *dims = problem.split(":")
         line = []
-        for name, mod in copies:
-            e = rel_err(mod.sparse_mla_fwd(q, kv, idx, 576**-0.5)[0][sub], ref)
-            if not e < 2e-2:
-                line.append(f"{name} WRONG (rel err {e:.1e})")
-                continue
-            t = bench(lambda: mod.sparse_mla_fwd(q, kv, idx, 576**-0.5), rep=50)
-            results.append(dict(problem=problem, copy=name, us=t * 1e6, tflops=fl / t / 1e12, rel_err=e))
-            base = next(r["us"] for r in results if r["problem"] == problem)
-            line.append(f"{name} {t * 1e6:.1f}us {fl / t / 1e12:.0f} TFLOP/s ({base / (t * 1e6):.2f}x)")
+        if fmt == "topk":
+            T, keys, width = map(int, dims)
+            logits = torch.randn(T, width, device="cuda")
+            logits[:, keys:] = float("inf")  # never read: a row's keys end at its key_limit
+            key_limit = torch.full((T,), keys, device="cuda", dtype=torch.int32)
+            ref = copies[0][2].topk_positions_ref(logits, key_limit, 2048)
+            for name, _, mod in copies:
+                if not torch.equal(mod.topk_positions(logits, key_limit, 2048), ref):
+                    line.append(f"{name} WRONG (not the reference's top-k)")
+                    continue
+                t = bench(lambda: mod.topk_positions(logits, key_limit, 2048), rep=50)
+                results.append(dict(problem=problem, copy=name, us=t * 1e6))
+                base = next(r["us"] for r in results if r["problem"] == problem)
+                line.append(f"{name} {t * 1e6:.1f}us ({base / (t * 1e6):.2f}x)")
+        else:
+            T, H = map(int, dims)
+            kv = kv_fp8 if fmt == "fp8" else kv_bf16
+            q, idx = mla_inputs(kv_bf16, T, H, 2048, 7)
+            sub = torch.arange(0, T, max(1, T // 8), device="cuda")
+            ref, _ = copies[0][1].sparse_mla_fwd_ref(q[sub], kv, idx[sub], 576**-0.5)
+            fl = copies[0][1].sparse_mla_flops(T, H, 2048)
+            for name, mod, _ in copies:
+                e = rel_err(mod.sparse_mla_fwd(q, kv, idx, 576**-0.5)[0][sub], ref)
+                if not e < 2e-2:
+                    line.append(f"{name} WRONG (rel err {e:.1e})")
+                    continue
+                t = bench(lambda: mod.sparse_mla_fwd(q, kv, idx, 576**-0.5), rep=50)
+                results.append(dict(problem=problem, copy=name, us=t * 1e6, tflops=fl / t / 1e12, rel_err=e))
+                base = next(r["us"] for r in results if r["problem"] == problem)
+                line.append(f"{name} {t * 1e6:.1f}us {fl / t / 1e12:.0f} TFLOP/s ({base / (t * 1e6):.2f}x)")
         print(f"{problem}: " + "; ".join(line), flush=True)
     if args.out:
         args.out.write_text(json.dumps(dict(copy_tbps=bw / 1e12, matmul_tflops=peak / 1e12, results=results), indent=1))

@@ -12,8 +12,9 @@ Scores are compared as uint32 keys (`_ordered_key`). Three launches:
   2. `_candidates_kernel`, one program per (chunk, row) so a decode batch of 32-64 rows still fills
      the GPU: the keys >= bound and their positions go to the chunk's stretch of `cand_key` /
      `cand_pos`, in position order. This is the only launch that reads whole rows.
-  3. `_select_kernel`, one program per row, reads the chunks' candidates as one list: radix select
-     (four 8-bit digits, a histogram each), then one ordered walk writes the kept positions. Should
+  3. `_select_kernel`, one program per row, reads the candidates of the chunks its keys reach as one
+     list: radix select (four 8-bit digits, a histogram each), then one ordered walk writes the kept
+     positions (a short row in wide logits walks its own chunks, not the width's). Should
      the sample have missed (fewer than topk candidates), the row is walked whole instead: slower,
      same result.
 """
@@ -90,14 +91,13 @@ def _candidates_kernel(logits_ptr, key_limit_ptr, bound_ptr, cand_key_ptr, cand_
 
 
 @triton.jit
-def _candidates_at(cand_key, cand_pos, num_cand, num_chunks, i, length, whole_row,
-                   CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
-    """Keys and positions of candidates i (a block of list indices): the chunks' stretches read as
-    one list (or, when whole_row, the row itself, read by the caller)."""
+def _candidates_at(cand_key, cand_pos, num_cand, used_chunks, i, length, whole_row, CHUNK: tl.constexpr):
+    """Keys and positions of candidates i (a block of list indices): the used chunks' stretches read
+    as one list (or, when whole_row, the row itself, read by the caller)."""
     slot = i
     end = tl.zeros([], tl.int32)
-    for c in tl.static_range(MAX_CHUNKS):
-        count = tl.load(num_cand + c, mask=c < num_chunks, other=0)
+    for c in range(used_chunks):
+        count = tl.load(num_cand + c)
         end += count
         slot += tl.where(i >= end, CHUNK - count, 0)  # skip the unused tail of chunk c's stretch
     ok = (i < length) & (whole_row == 0)
@@ -107,9 +107,8 @@ def _candidates_at(cand_key, cand_pos, num_cand, num_chunks, i, length, whole_ro
 
 
 @triton.jit
-def _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
-                       CHUNK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
-    key, pos = _candidates_at(cand_key, cand_pos, num_cand, num_chunks, i, length, whole_row, CHUNK, MAX_CHUNKS)
+def _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, length, whole_row, CHUNK: tl.constexpr):
+    key, pos = _candidates_at(cand_key, cand_pos, num_cand, used_chunks, i, length, whole_row, CHUNK)
     if whole_row:
         key = _ordered_key(tl.load(row + i, mask=i < n, other=0.0))
         pos = i
@@ -126,8 +125,10 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
     cand_key = cand_key_ptr + t.to(tl.int64) * stride_ct
     cand_pos = cand_pos_ptr + t.to(tl.int64) * stride_ct
     num_cand = num_cand_ptr + t.to(tl.int64) * num_chunks
+    # chunks past the row's keys hold no candidates, and decode graphs size the logits for the longest context
+    used_chunks = tl.minimum(tl.cdiv(n, CHUNK), num_chunks)
     chunks = tl.arange(0, MAX_CHUNKS)
-    total = tl.sum(tl.load(num_cand + chunks, mask=chunks < num_chunks, other=0), 0)
+    total = tl.sum(tl.load(num_cand + chunks, mask=chunks < used_chunks, other=0), 0)
     whole_row = total < tl.minimum(n, topk)  # the sample missed: walk the row itself
     length = tl.where(whole_row, n, total)
     # n <= topk: threshold key 0 with every candidate (every key) taken
@@ -139,8 +140,8 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
             hist = tl.zeros([256], tl.int32)
             for j0 in range(0, length, BLOCK):
                 i = j0 + tl.arange(0, BLOCK)
-                key, _ = _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
-                                            CHUNK, MAX_CHUNKS)
+                key, _ = _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, length,
+                                            whole_row, CHUNK)
                 hist += _masked_histogram((key >> (24 - 8 * p)) & 255, (i < length) & ((key & prefix_mask) == thr))
             d, remaining = _pick_digit(hist, remaining)
             thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
@@ -151,8 +152,7 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
     ties_seen = tl.zeros([], tl.int32)
     for j0 in range(0, length, BLOCK):
         i = j0 + tl.arange(0, BLOCK)
-        key, pos = _row_or_candidates(row, cand_key, cand_pos, num_cand, num_chunks, i, n, length, whole_row,
-                                      CHUNK, MAX_CHUNKS)
+        key, pos = _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, length, whole_row, CHUNK)
         ok = i < length
         tie = ok & (key == thr)
         tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), 0) - 1

@@ -311,6 +311,42 @@ def test_topk_select_ties(device, chunk, block, sample):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_topk_select_short_rows_in_wide_logits(device, monkeypatch):
+    """Decode graphs size the logits for the longest context: rows well under one chunk, and just over,
+    keep exactly the reference's top-k with garbage past their keys, and the select reads no chunk
+    past a row's keys (those chunks' counts and stretches poisoned after the candidates launch)."""
+    from glm_dsa_kernels import topk_select
+
+    dev = _dev(device)
+    torch.manual_seed(11)
+    W, chunk, topk = (202752, 8192, 2048) if device == "cuda" else (5157, 1024, 300)
+    kw = {} if device == "cuda" else dict(chunk=chunk, block=512, select_block=256, sample=256)
+    lengths = [0, 17, topk, topk + 1, chunk // 2, chunk, chunk + 1, chunk + chunk // 8, W]
+    logits = torch.randn(len(lengths), W, device=dev)
+    for t, n in enumerate(lengths):
+        logits[t, n:] = float("inf") if t % 2 else 3e38
+    key_limit = torch.tensor(lengths, dtype=torch.int32, device=dev)
+    want = topk_positions_ref(logits.cpu(), key_limit.cpu(), topk)
+    assert torch.equal(topk_positions(logits, key_limit, topk, **kw).cpu(), want)
+
+    candidates = topk_select._candidates_kernel
+
+    class Poisoned:
+        def __getitem__(self, grid):
+            def launch(logits, key_limit, bound, cand_key, cand_pos, num_cand, *args, CHUNK, **kwargs):
+                candidates[grid](logits, key_limit, bound, cand_key, cand_pos, num_cand, *args, CHUNK=CHUNK, **kwargs)
+                for t, n in enumerate(key_limit.tolist()):
+                    used = -(-n // CHUNK)
+                    num_cand[t, used:] = 1  # each chunk past the row's keys: a key above any score, at a bogus position
+                    cand_key[t, used * CHUNK:] = -1
+                    cand_pos[t, used * CHUNK:] = W + 5
+            return launch
+
+    monkeypatch.setattr(topk_select, "_candidates_kernel", Poisoned())
+    assert torch.equal(topk_positions(logits, key_limit, topk, **kw).cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_compaction(device):
     dev = _dev(device)
     rows = torch.randint(-1, 10**6, (13, 2048), device=dev, dtype=torch.int32)
