@@ -93,11 +93,16 @@ def test_triton_backend_refuses_other_geometries_at_launch():
         assert text in log, (text, log[-3000:])
 
 
-def _runner(req_to_token, page_size=64):
+def _runner(req_to_token, page_size=64, draft=False, **spec):
+    """spec: speculative_algorithm / _eagle_topk / _num_draft_tokens server args (none by default)."""
+    server_args = SimpleNamespace(speculative_algorithm=None, speculative_eagle_topk=None,
+                                  speculative_num_draft_tokens=None)
+    vars(server_args).update(spec)
     return SimpleNamespace(device="cpu", page_size=page_size,  # SGLang's ModelRunner holds a string
                            model_config=SimpleNamespace(context_len=req_to_token.shape[1]),
                            req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
-                           token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None))
+                           token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None),
+                           server_args=server_args, is_draft_worker=draft)
 
 
 def _on_h200(build, *args):
@@ -105,10 +110,10 @@ def _on_h200(build, *args):
         return build(*args)
 
 
-def _triton_backend(req_to_token, page_size=64):
+def _triton_backend(req_to_token, page_size=64, **runner):
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend
 
-    return _on_h200(TritonDSABackend, _runner(req_to_token, page_size))
+    return _on_h200(TritonDSABackend, _runner(req_to_token, page_size, **runner))
 
 
 def test_triton_backend_batch_layout():
@@ -308,6 +313,28 @@ def test_graph_served_modes_are_laid_out_inside_the_graph():
                              req_pool_indices=torch.tensor([2]), positions=torch.tensor([0, 1, 2]))
     prefill.init_forward_metadata_out_graph(extend)
     assert prefill.forward_metadata.key_limit.tolist() == [1, 2, 3]
+
+
+def test_chain_target_offers_sglang_an_unread_qlen_only_verify_mask():
+    """A chain's verify reads no tree mask: the target hands SGLang an unread QLEN_ONLY one (so SGLang skips
+    filling a full mask each round and takes its chain-tree path); a tree target, whose verify reads the
+    mask, and the draft worker's backends offer none."""
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode
+
+    req_to_token = torch.zeros(8, 256, dtype=torch.int32)
+    chain = dict(speculative_algorithm="EAGLE", speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+    target = _triton_backend(req_to_token, **chain)
+    assert target.verify_mask is None  # sized by the captured batch: none before the graphs' state
+    target.init_cuda_graph_state(max_bs=8, max_num_tokens=32)
+    mask = target.verify_mask
+    assert mask.mode == TreeMaskMode.QLEN_ONLY and not mask.is_read
+    assert mask.max_bs == 8 and mask.buffer.numel() == 8 * 4 * 4 and mask.fits(8) and not mask.fits(9)
+
+    tree = dict(chain, speculative_eagle_topk=2, speculative_num_draft_tokens=6)
+    draft = _triton_backend(req_to_token, draft=True, **chain)
+    for backend in (_triton_backend(req_to_token, page_size=1, **tree), draft, _triton_backend(req_to_token)):
+        backend.init_cuda_graph_state(max_bs=8, max_num_tokens=32)
+        assert backend.verify_mask is None
 
 
 def test_draft_extend_graph_hook_acts_for_the_plugin_backend_only():

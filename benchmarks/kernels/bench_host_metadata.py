@@ -29,7 +29,10 @@ def runner():
     req_to_token = torch.arange(SLOTS * CONTEXT, dtype=torch.int32, device="cuda").view(SLOTS, CONTEXT)
     return SimpleNamespace(device=torch.device("cuda"), page_size=PAGE, model_config=SimpleNamespace(context_len=CONTEXT),
                            req_to_token_pool=SimpleNamespace(req_to_token=req_to_token),
-                           token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None))
+                           token_to_kv_pool=SimpleNamespace(check_served_by=lambda backend: None),
+                           server_args=SimpleNamespace(speculative_algorithm=None, speculative_eagle_topk=None,
+                                                       speculative_num_draft_tokens=None),
+                           is_draft_worker=False)
 
 
 def batch(mode, bs, per_request):

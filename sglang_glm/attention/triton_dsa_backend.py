@@ -34,6 +34,7 @@ from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
 from sglang_glm.attention.triton_metadata import TritonDSAMetadata, TritonDSAMetadataBuilder, laid_out_in_graph
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.attention.verify_mask import VerifyMask
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -65,6 +66,12 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         # Hopper runs 64-head sparse MLA on BF16 KV in the warp-specialized Gluon kernel
         self.warp_specialized = warp_specialized_available(self.device)
         self.graph_metadata: Optional[TritonDSAMetadata] = None
+        self.is_draft_runner = model_runner.is_draft_worker
+        spec = model_runner.server_args
+        # a tree's verify reads the mask SGLang fills (tree_mask_rows), a chain's reads none
+        chain = bool(spec.speculative_algorithm) and spec.speculative_eagle_topk == 1
+        self.chain_draft_tokens = spec.speculative_num_draft_tokens if chain else None
+        self._verify_mask: Optional[VerifyMask] = None
         if self.device.type == "cuda":  # the CPU plumbing tests build it with no kernel to run
             self._warm_up_kernels(model_runner)
 
@@ -103,6 +110,8 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, rows: int = 0):
         """Static buffers for CUDA graphs; rows: per-branch slot rows of a tree draft step."""
+        from sglang.srt.layers.attention.verify_mask import maybe_create_verify_mask
+
         def buffer(*shape, dtype=torch.int32):
             return torch.zeros(shape, dtype=dtype, device=self.device)
 
@@ -113,6 +122,16 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
             buffer(rows, self.req_to_token.shape[1]) if rows else self.req_to_token,
             buffer(max_num_tokens, per_request, dtype=torch.bool), buffer(max_num_tokens),
         )
+        # unread (QLEN_ONLY), it spares SGLang a full custom mask each round and opens its chain-tree path
+        self._verify_mask = maybe_create_verify_mask(
+            is_draft_runner=self.is_draft_runner, skip_prefill=False, max_bs=max_bs,
+            max_context_len=self.max_context_len, num_draft_tokens=self.chain_draft_tokens, device=self.device,
+            is_read=False,
+        )
+
+    @property
+    def verify_mask(self) -> Optional[VerifyMask]:
+        return self._verify_mask
 
     def init_forward_metadata_out_graph(self, forward_batch: "ForwardBatch", in_capture: bool = False):
         # Before a graph's capture and each of its replays, on the host. The graph-served modes are
