@@ -107,6 +107,7 @@ case "$1" in
       --run indexcache:decode_b1,decode_b32 --run eagle_3_4:decode_b1,decode_b32 \
       --run eagle_3_4_token_map:decode_b1,decode_b32 2>&1 | tee "$WORK/tokenmap.log" ;;
   flashmla)
+    export SGLANG_GLM_FLASHMLA=1  # the opt-in; the Triton side's servers have no wheel to take it up
     # the plugin and the wheel in one directory: --plugin puts it first on a server's PYTHONPATH
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
       ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1

@@ -69,6 +69,7 @@ class FakeFlashMLA(types.ModuleType):
 def on_sm90(monkeypatch):
     """An SM90 device as far as the dispatch can tell; fresh FlashMLA objects before and after."""
     monkeypatch.setattr(fm, "compute_capability", lambda device: (9, 0))
+    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
     fm.flashmla_on.cache_clear()
     yield monkeypatch
     fm.flashmla_on.cache_clear()
@@ -132,12 +133,26 @@ def test_triton_where_flash_mla_is_not_installed(on_sm90, triton_calls):
         assert out.shape[1] == 64 * 512 and len(triton_calls) and triton_calls[-1][1] == kv.dtype
 
 
-def test_triton_on_cpu_and_other_gpus(triton_calls):
+def test_triton_on_cpu_and_other_gpus(triton_calls, monkeypatch):
+    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
     fm.flashmla_on.cache_clear()
     backend = _backend(_fp8_pool())
     assert not backend.flashmla.available and "SM90" in backend.flashmla.why_not
     _attend(backend, 1, 64)
     assert len(triton_calls) == 1
+    fm.flashmla_on.cache_clear()
+
+
+def test_triton_unless_the_launch_opts_in(fake, triton_calls, monkeypatch):
+    """SGLang's own install brings the wheel: FlashMLA serves only with SGLANG_GLM_FLASHMLA=1."""
+    monkeypatch.delenv(fm.OPT_IN_ENV)
+    fm.flashmla_on.cache_clear()
+    backend = _backend(_fp8_pool())
+    assert backend.flashmla.describe(64, True) == (
+        "sparse MLA on Triton (FlashMLA not used: opt-in until the GPU suite has run it: SGLANG_GLM_FLASHMLA=1)")
+    _attend(backend, 1, 64)
+    assert len(triton_calls) == 1 and not fake.calls
+    fm.flashmla_on.cache_clear()
 
 
 def test_triton_without_legacy_kernels(on_sm90):

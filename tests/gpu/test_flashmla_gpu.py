@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from gpu_serving import gpu_server, record, results_dir, serve_and_judge
+from sglang_glm.attention import flashmla as fm
 
 pytestmark = pytest.mark.gpu
 
@@ -30,10 +31,9 @@ needs_flashmla = pytest.mark.skipif(
 @pytest.fixture
 def flashmla(monkeypatch):
     """A FlashMLA on the real wheel, imported from GLM_PEER_SITE for this test only."""
-    from sglang_glm.attention.flashmla import FlashMLA
-
     monkeypatch.syspath_prepend(PEER_SITE)
-    found = FlashMLA(torch.device("cuda"))
+    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
+    found = fm.FlashMLA(torch.device("cuda"))
     assert found.available, found.why_not
     assert found.kernels.__file__.startswith(PEER_SITE), found.kernels.__file__
     return found
@@ -107,7 +107,8 @@ def test_fp8_plans_under_cuda_graphs(flashmla, tokens):
 def test_64_heads_served_on_flashmla(models, kv, args):
     """The FlashMLA server and the Triton one, same checkpoint and flags, CUDA graphs on."""
     path, served = models["glm52_64h"], {}
-    for kernel, env in (("flashmla", {"PYTHONPATH": os.pathsep.join([PEER_SITE, os.environ["PYTHONPATH"]])}),
+    for kernel, env in (("flashmla", {"PYTHONPATH": os.pathsep.join([PEER_SITE, os.environ["PYTHONPATH"]]),
+                                      fm.OPT_IN_ENV: "1"}),
                         ("triton", {})):
         name = f"{kernel}_64_heads_{kv.lower()}_kv"
         with gpu_server(path, name, *args, env=env) as url:
