@@ -32,6 +32,11 @@
 #                                      # compare_versions on batch 1 and 8 rows of 4K keys in 202752-wide
 #                                      # logits (decode graphs' width) and 8 full-width rows (every chunk used),
 #                                      # then bench_gpu plain decode at batch 1/8 on the GLM-5.2-shaped model
+#   bash scripts/gpu_bench.sh flashmla # issue 30 item 4, FlashMLA behind glm_dsa_triton: bench_kernels' peers section
+#                                      # (FlashMLA vs the Triton kernel per shape, checked against float64), then the
+#                                      # GLM-5.2-shaped model served with the wheel (@flashmla) and without (Triton):
+#                                      # FP8 KV decode b1/b32, then BF16 KV 32K prefill as time allows; needs
+#                                      # .gpu/peer/sgl_flash_mla-1.0.0-*.whl (as `peer`)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -120,10 +125,23 @@ case "$1" in
     W=${TOKENMAP_WORKLOADS:-decode_b1,decode_b32}
     limit 500 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
       --run indexcache:$W --run eagle_3_4:$W --run eagle_3_4_token_map:$W 2>&1 | tee "$WORK/tokenmap.log" ;;
+  flashmla)
+    export SGLANG_GLM_FLASHMLA=1  # the opt-in; the Triton side's servers have no wheel to take it up
+    # the plugin and the wheel in one directory: --plugin puts it first on a server's PYTHONPATH
+    python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
+      ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1
+    { PYTHONPATH=/tmp/plugin_flashmla:$PYTHONPATH limit 150 python3 ../../kernels/bench_kernels.py \
+        --out-dir "$WORK/kernels" --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      limit "${BENCH_TIMEOUT:-400}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+        --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
+        --run fp8_kv@flashmla:decode_b1,decode_b32 --run fp8_kv:decode_b1,decode_b32 \
+        --run indexcache@flashmla:prefill_32k --run indexcache:prefill_32k
+      grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|cold" >&2; exit 2 ;;
 esac
 exit $?

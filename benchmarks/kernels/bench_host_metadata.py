@@ -68,7 +68,8 @@ def main() -> None:
     import sglang_glm
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend, TritonDSAMultiStepDraftBackend
 
-    TritonDSABackend._warm_up_kernels = lambda self, runner: None  # host layout only: no kernel runs here
+    # host layout only: no kernel runs here (a plugin from before the FlashMLA dispatch lacks the second)
+    TritonDSABackend._warm_up_kernels = TritonDSABackend._prepare_flashmla = lambda self, runner: None
     r = runner()
     rows = []
     for bs in (1, 32):

@@ -12,6 +12,9 @@ The indexer reads the index-K cache a 64-token page at a time through a page tab
 SGLang's `req_to_token` (so pages must be SGLang's 64-token pages); sparse MLA gathers the KV rows
 the top-k positions name. The KV pool (`kv_pool.TorchDSAKVPool`) holds BF16 rows, or with
 `--kv-cache-dtype fp8_e4m3` FlashMLA's 656-byte FP8 rows and FP8 index keys with per-token scales.
+Where sgl-flash-mla is installed on an SM90 GPU, sparse MLA runs FlashMLA's kernels for the shapes
+they were measured faster on (`flashmla.py`: FP8 KV up to 512 query rows, BF16 KV from 256), the
+Triton kernel otherwise; a line at start-up says which.
 GLM-5.2 shapes only: 576-dim latent+rope rows, 512-dim values, 32 x 128 indexer heads.
 """
 
@@ -31,6 +34,7 @@ from glm_dsa_kernels.topk_select import topk_positions
 from glm_dsa_kernels.warmup import WarmUpShapes, warm_up
 from sglang_glm.attention.backends import TRITON_BACKEND
 from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
+from sglang_glm.attention.flashmla import flashmla_on
 from sglang_glm.attention.triton_metadata import TritonDSAMetadata, TritonDSAMetadataBuilder, laid_out_in_graph
 
 if TYPE_CHECKING:
@@ -43,6 +47,8 @@ logger = logging.getLogger(__name__)
 # Launch shapes whose kernel variants this process has built (Triton keeps them per process):
 # the target and draft models and each draft step's backend need them once.
 _WARMED_UP: set = set()
+# Start-up lines already logged: every backend of the process would repeat them.
+_LOGGED: set = set()
 
 
 class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
@@ -72,24 +78,30 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         chain = bool(spec.speculative_algorithm) and spec.speculative_eagle_topk == 1
         self.chain_draft_tokens = spec.speculative_num_draft_tokens if chain else None
         self._verify_mask: Optional[VerifyMask] = None
+        self.flashmla = flashmla_on(self.device)
         if self.device.type == "cuda":  # the CPU plumbing tests build it with no kernel to run
             self._warm_up_kernels(model_runner)
+            self._prepare_flashmla(model_runner)
 
-    def _warm_up_kernels(self, model_runner: "ModelRunner") -> None:
-        """Every kernel variant a served batch can select, built before the first request
-        (`glm_dsa_kernels.warmup`): eager prefill batches would otherwise build them in a request."""
+    def _served_shapes(self, model_runner: "ModelRunner") -> WarmUpShapes:
+        """The launch shapes of this server's batches (heads per rank, top-k, contexts, draft tokens)."""
         from sglang.srt.runtime_context import get_parallel, get_spec
 
         from sglang_glm.settings import GlmDsaSettings
 
-        pool, hf_config = self.token_to_kv_pool, model_runner.model_config.hf_config
-        shapes = WarmUpShapes(
+        hf_config = model_runner.model_config.hf_config
+        return WarmUpShapes(
             heads=hf_config.num_attention_heads // get_parallel().attn_tp_size,
             topk=GlmDsaSettings.for_this_process(hf_config).index_topk,
             page=self.page, max_keys=self.max_pages * self.page, num_sms=self.num_sms,
             warp_specialized=self.warp_specialized,
             draft_tokens=(get_spec().speculative_num_draft_tokens or 0) if get_spec().speculative_algorithm else 0,
         )
+
+    def _warm_up_kernels(self, model_runner: "ModelRunner") -> None:
+        """Every kernel variant a served batch can select, built before the first request
+        (`glm_dsa_kernels.warmup`): eager prefill batches would otherwise build them in a request."""
+        pool, shapes = self.token_to_kv_pool, self._served_shapes(model_runner)
         full_layer = pool.start_layer + next(i for i, b in enumerate(pool.index_k_buffer) if b is not None)
         key = (shapes, pool.fp8, str(self.device))
         if key in _WARMED_UP:
@@ -102,6 +114,16 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         logger.info("%s: %d kernel launch configurations built or loaded in %.1f s (%s KV, contexts up to %d keys)",
                     TRITON_BACKEND, launches, time.perf_counter() - t0, "FP8" if pool.fp8 else "BF16",
                     shapes.max_keys)
+
+    def _prepare_flashmla(self, model_runner: "ModelRunner") -> None:
+        """Says once which kernel serves sparse MLA, and makes FlashMLA's FP8 plans before any capture."""
+        fp8, shapes = self.token_to_kv_pool.fp8, self._served_shapes(model_runner)
+        line = self.flashmla.describe(shapes.heads, fp8)
+        if line not in _LOGGED:
+            _LOGGED.add(line)
+            logger.info("%s", line)
+        if self.flashmla.available and fp8:
+            self.flashmla.plan_decode(shapes.heads, shapes.topk)
 
     # ---- metadata -------------------------------------------------------------------------
 
@@ -181,9 +203,12 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         kv = pool.mla_rows(layer.layer_id)
         heads, dtype = layer.tp_q_head_num, q.dtype
         q = q.view(-1, heads, layer.qk_head_dim).to(torch.bfloat16)
-        config = default_config(q.shape[0], heads, rows.shape[1], kv.dtype == torch.uint8, self.num_sms,
-                                self.warp_specialized)
-        out, _ = sparse_mla_fwd(q, kv, rows, layer.scaling, d_v=layer.v_head_dim, config=config)
+        kv_fp8 = kv.dtype == torch.uint8
+        if self.flashmla.available and self.flashmla.serves(q.shape[0], heads, kv_fp8):
+            out = self.flashmla.attend(q, kv, rows, layer.scaling, layer.v_head_dim)
+        else:
+            config = default_config(q.shape[0], heads, rows.shape[1], kv_fp8, self.num_sms, self.warp_specialized)
+            out, _ = sparse_mla_fwd(q, kv, rows, layer.scaling, d_v=layer.v_head_dim, config=config)
         return out.view(-1, heads * layer.v_head_dim).to(dtype)
 
 

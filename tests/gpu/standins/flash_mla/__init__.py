@@ -8,6 +8,10 @@ def _missing(name):
     return call
 
 
+def has_legacy():
+    return False  # glm_dsa_triton asks whether FlashMLA's SM90 kernels are here: none are, so it runs Triton
+
+
 def __getattr__(name):
     if name.startswith("__"):
         raise AttributeError(name)
