@@ -98,8 +98,10 @@ def triton_calls(monkeypatch):
 def _backend(kv):
     req_to_token = torch.arange(POOL, dtype=torch.int32).roll(7).view(1, POOL)
     pool = SimpleNamespace(check_served_by=lambda name: None, mla_rows=lambda layer_id: kv, fp8=kv.dtype == torch.uint8)
+    no_spec = SimpleNamespace(speculative_algorithm=None, speculative_eagle_topk=None, speculative_num_draft_tokens=None)
     runner = SimpleNamespace(device="cpu", page_size=64, model_config=SimpleNamespace(context_len=POOL),
-                             req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool)
+                             req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool,
+                             server_args=no_spec, is_draft_worker=False)
     with mock.patch("torch.cuda.get_device_properties", return_value=SimpleNamespace(multi_processor_count=132)):
         return tb.TritonDSABackend(runner)
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 TORCH_BACKEND = "glm_dsa_torch"  # plain PyTorch: the CPU backend, the slow reference on CUDA
 TRITON_BACKEND = "glm_dsa_triton"  # the plugin's Triton kernels: the CUDA default for GLM-DSA
