@@ -125,8 +125,8 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     """The indexer of a full layer, matching the attention backend that consumes its top-k.
 
     SGLang's `dsa` backend reads index keys from its FP8 index-K pool, which only SGLang's own
-    indexer writes, so with it the layer owns SGLang's `Indexer` (not run here: FlashMLA and
-    DeepGEMM cannot be installed on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
+    indexer writes, so with it the layer owns SGLang's `Indexer` (not run with the plugin: the DeepGEMM
+    it calls does not load on this project's GPU machine). Every plugin backend uses `GlmDsaIndexer`.
     """
     if settings.indexer == SGLANG_INDEXER:
         from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
