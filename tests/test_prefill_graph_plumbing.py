@@ -142,7 +142,9 @@ def mtp_draft(model):
         draft = GlmMoeDsaForCausalLMNextN(runner.model_config.hf_config, settings=settings)
         eager_only = GlmMoeDsaForCausalLMNextN(
             runner.model_config.hf_config, settings=dataclasses.replace(settings, draft_prefill_graphs=False))
-    # the `layers` view registers nothing: parameter names (and checkpoint mapping) as without it
+    # the `layers` view is there only when asked and registers nothing: parameter names (and the
+    # checkpoint mapping) as without it
+    assert draft.model.layers == [draft.model.decoder] and not hasattr(eager_only.model, "layers")
     assert [n for n, _ in draft.named_parameters()] == [n for n, _ in eager_only.named_parameters()]
     draft.load_weights(load_file(MINI / "model.safetensors").items())
     draft.set_embed_and_head(*target.get_embed_and_head())
