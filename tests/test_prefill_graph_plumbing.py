@@ -5,7 +5,9 @@ and runs RadixAttention (and the plugin's indexer break, `GlmDsaIndexer.select_i
 real rows between captured segments. With no capture running, SGLang's `eager_on_graph` calls the
 break directly, so the same forward under SGLang's own graph contexts (breakable scope, prefill graph
 scope, the static batch the runner sets) is what a replay computes. It must equal the eager prefill on
-the real rows, with the top-k buffer's padded rows -1. The GPU suite runs the captured version.
+the real rows, with the top-k buffer's padded rows -1. The same for the MTP draft's prefill pass
+(`mtp_draft_prefill_graphs`): its body under the graph contexts, its outer forward (logits, the
+shared top-k compaction) eagerly around it. The GPU suite runs the captured versions.
 
 The check runs in its own process: the in-process model runner publishes SGLang's process-wide
 runtime context (a one-rank topology), which later Engine tests in the same pytest process would
