@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_glm.attention.backends import PLUGIN_BACKENDS, TRITON_BACKEND, triton_geometry_problem
+from sglang_glm.settings import DRAFT_PREFILL_GRAPHS
 from sglang_glm.warmup import NAME as PREFILL_WARMUP
 
 
@@ -69,6 +70,20 @@ def prefill_cuda_graphs(attention_backend: Optional[str], requested: Optional[st
             f"captured whole; {fix}"
         )
     return requested == "breakable"
+
+
+def check_draft_prefill_graphs(asked: bool, attention_backend: Optional[str], prefill_graphs: str) -> None:
+    """`mtp_draft_prefill_graphs: true` needs the prefill the plugin serves under breakable graphs
+    (`prefill_graphs`: the prefill graph backend after the plugin's decision): the draft's MTP layer
+    takes the same eager indexer break as the target's full layers, which only glm_dsa_triton has."""
+    if not asked or (attention_backend == TRITON_BACKEND and prefill_graphs == "breakable"):
+        return
+    raise ValueError(
+        f"{DRAFT_PREFILL_GRAPHS} = true with --attention-backend {attention_backend} and prefill CUDA "
+        f"graphs {prefill_graphs}: the MTP draft's prefill replays SGLang's breakable prefill graphs, "
+        f"served on {TRITON_BACKEND} only; add --cuda-graph-backend-prefill breakable (on "
+        f"{TRITON_BACKEND}) or drop {DRAFT_PREFILL_GRAPHS} from --json-model-override-args"
+    )
 
 
 class UnsupportedSpecConfig(ValueError):

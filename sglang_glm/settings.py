@@ -23,6 +23,10 @@ from sglang_glm.mtp.recycle import resolve_recycle_policy
 GLM_INDEXER = "glm"  # the plugin's `GlmDsaIndexer`, which asks the backend (`DsaIndexBackend`)
 SGLANG_INDEXER = "sglang"  # SGLang's CUDA `Indexer` (FP8 index-K pool only its own indexer writes)
 
+# Launch key: the MTP draft's prefill pass (its draft-extend over the prompt) replays SGLang's
+# breakable prefill graphs; off by default until the GPU suite has served it.
+DRAFT_PREFILL_GRAPHS = "mtp_draft_prefill_graphs"
+
 # MoE routing fields SGLang's DeepseekV2MoE reads and transformers' GlmMoeDsaConfig omits.
 _MOE_ROUTING_DEFAULTS = (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"))
 
@@ -35,6 +39,7 @@ class GlmDsaSettings:
     index_topk: int
     indexer: str  # GLM_INDEXER or SGLANG_INDEXER
     attention_backends: tuple[Optional[str], ...]  # SGLang's (prefill, decode) backend names
+    draft_prefill_graphs: bool = False  # DRAFT_PREFILL_GRAPHS: the draft exposes `layers` to SGLang
 
     @classmethod
     def from_config(
@@ -44,9 +49,7 @@ class GlmDsaSettings:
         attention_backends: tuple[Optional[str], ...] = (),
     ) -> "GlmDsaSettings":
         """`override`: the launch's `--json-model-override-args` (dict or JSON string)."""
-        if isinstance(override, str):
-            override = json.loads(override) if override.strip() else {}
-        override = dict(override or {})
+        override = parse_override(override)
         return cls(
             plan=resolve_layer_plan(hf_config, override),
             recycle=resolve_recycle_policy(hf_config, override),
@@ -54,6 +57,7 @@ class GlmDsaSettings:
             index_topk=hf_config.index_topk,
             indexer=SGLANG_INDEXER if SGLANG_DSA_BACKEND in attention_backends else GLM_INDEXER,
             attention_backends=tuple(attention_backends),
+            draft_prefill_graphs=resolve_draft_prefill_graphs(hf_config, override),
         )
 
     @classmethod
@@ -64,6 +68,24 @@ class GlmDsaSettings:
         return cls.from_config(
             hf_config, get_server_args().json_model_override_args, attention_backends()
         )
+
+
+def parse_override(override: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """The launch's `--json-model-override-args` as a dict (SGLang keeps the JSON string)."""
+    if isinstance(override, str):
+        return json.loads(override) if override.strip() else {}
+    return dict(override or {})
+
+
+def resolve_draft_prefill_graphs(hf_config: Any, override: Mapping[str, Any] | None = None) -> bool:
+    """`mtp_draft_prefill_graphs` from the launch override, else the config; False when absent."""
+    value = (override or {}).get(DRAFT_PREFILL_GRAPHS, getattr(hf_config, DRAFT_PREFILL_GRAPHS, False))
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"{DRAFT_PREFILL_GRAPHS} = {value!r}; use true (the MTP draft's prefill replays SGLang's "
+            "breakable prefill graphs, with --cuda-graph-backend-prefill breakable) or false"
+        )
+    return value
 
 
 def module_config(hf_config: Any) -> Any:

@@ -69,6 +69,11 @@ class TopkBuffer:
             )
         return self._storage[: self.num_tokens]
 
+    def rows(self, num_tokens: int) -> torch.Tensor:
+        """The first num_tokens rows as the last forward left them, for a caller around a replayed
+        prefill graph (a replay runs none of the Python that sets num_tokens and source_layer)."""
+        return self._storage[:num_tokens]
+
 
 def max_forward_tokens(model_runner) -> int:
     """Most query tokens SGLang 0.5.23 puts into one forward of this model runner.

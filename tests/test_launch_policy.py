@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_glm.attention.backends import TORCH_BACKEND, TRITON_BACKEND, triton_geometry
-from sglang_glm.launch_policy import UserArgs, launch_decisions, prefill_cuda_graphs
+from sglang_glm.launch_policy import UserArgs, check_draft_prefill_graphs, launch_decisions, prefill_cuda_graphs
+from sglang_glm.settings import resolve_draft_prefill_graphs
 from sglang_glm.warmup import NAME as PREFILL_WARMUP
 
 GLM5 = SimpleNamespace(**triton_geometry())
@@ -55,3 +56,24 @@ def test_prefill_graphs_on_the_plugins_backends_only_breakable_and_asked_for():
         prefill_cuda_graphs(TRITON_BACKEND, "full")
     with pytest.raises(ValueError, match=r"prefill breakable with --attention-backend glm_dsa_torch.*runs eagerly"):
         prefill_cuda_graphs(TORCH_BACKEND, "breakable")
+
+
+def test_draft_prefill_graphs_key_off_unless_asked():
+    assert resolve_draft_prefill_graphs(GLM5, {}) is False
+    assert resolve_draft_prefill_graphs(GLM5, {"mtp_draft_prefill_graphs": True}) is True
+    in_config = SimpleNamespace(**triton_geometry(), mtp_draft_prefill_graphs=True)
+    assert resolve_draft_prefill_graphs(in_config, None) is True
+    assert resolve_draft_prefill_graphs(in_config, {"mtp_draft_prefill_graphs": False}) is False
+    with pytest.raises(ValueError, match=r"mtp_draft_prefill_graphs = 'yes'; use true .* or false"):
+        resolve_draft_prefill_graphs(GLM5, {"mtp_draft_prefill_graphs": "yes"})
+
+
+def test_draft_prefill_graphs_need_breakable_prefill_graphs_on_triton():
+    check_draft_prefill_graphs(True, TRITON_BACKEND, "breakable")
+    for backend, graphs in ((TRITON_BACKEND, "disabled"), (TORCH_BACKEND, "disabled"), ("dsa", "breakable")):
+        check_draft_prefill_graphs(False, backend, graphs)  # the key off: nothing to check
+        with pytest.raises(ValueError, match=(
+                rf"mtp_draft_prefill_graphs = true with --attention-backend {backend} and prefill CUDA graphs "
+                rf"{graphs}: .*add --cuda-graph-backend-prefill breakable \(on glm_dsa_triton\) or drop "
+                r"mtp_draft_prefill_graphs")):
+            check_draft_prefill_graphs(True, backend, graphs)

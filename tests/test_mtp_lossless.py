@@ -70,3 +70,18 @@ def test_unsupported_combination_fails_at_start_up(ckpt):
             speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
             speculative_use_rejection_sampling=True,
         )
+
+
+def test_draft_prefill_graphs_without_breakable_prefill_graphs_fail_at_start_up(ckpt):
+    """The draft's prefill graphs asked for where prefill runs eagerly (CPU: no breakable graphs)."""
+    import sglang as sgl
+
+    from serving import ENGINE_DEFAULTS
+
+    with pytest.raises(Exception, match="(?s)mtp_draft_prefill_graphs = true .*prefill CUDA graphs disabled.*"
+                                        "--cuda-graph-backend-prefill breakable"):
+        sgl.Engine(
+            model_path=str(ckpt), **ENGINE_DEFAULTS, speculative_algorithm="EAGLE",
+            speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4,
+            json_model_override_args='{"mtp_draft_prefill_graphs": true}',
+        )

@@ -1,5 +1,6 @@
 """Launch hooks: adapters from SGLang's server-arg resolution to `sglang_glm.launch_policy`, which
-decides (model-specific defaults, prefill without CUDA graphs, speculative flags checked at start-up)."""
+decides (model-specific defaults, prefill without CUDA graphs, the MTP draft's prefill graphs and
+speculative flags checked at start-up)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import logging
 
 from sglang_glm.attention.backends import on_cpu_engine
 from sglang_glm.hooks.base import Hook, is_glm_dsa
-from sglang_glm.launch_policy import UserArgs, check_spec_args, launch_decisions, prefill_cuda_graphs
+from sglang_glm.launch_policy import (
+    UserArgs, check_draft_prefill_graphs, check_spec_args, launch_decisions, prefill_cuda_graphs,
+)
+from sglang_glm.settings import parse_override, resolve_draft_prefill_graphs
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +52,20 @@ def _no_prefill_cuda_graph(result, server_args, *args, **kwargs):
 
     user = resolving_view(server_args)
     graphs = user.cuda_graph_config
-    if graphs.prefill.backend == Backend.DISABLED or not is_glm_dsa(model_config_of(server_args).hf_config):
+    hf_config = model_config_of(server_args).hf_config
+    if not is_glm_dsa(hf_config):
         return result
     backend = attention_backends_of(resolved_view(server_args))[0]
-    if not prefill_cuda_graphs(backend, user.cuda_graph_backend_prefill):
+    served = graphs.prefill.backend
+    if served != Backend.DISABLED and not prefill_cuda_graphs(backend, user.cuda_graph_backend_prefill):
         logger.info("GLM-DSA with the plugin's attention backend: prefill runs without CUDA graphs "
                     "(--cuda-graph-backend-prefill breakable asks for them on glm_dsa_triton)")
         declare_resolution(
             server_args, "sglang_glm", cuda_graph_config=with_phase(graphs, Phase.PREFILL, backend=Backend.DISABLED)
         )
+        served = Backend.DISABLED
+    asked = resolve_draft_prefill_graphs(hf_config, parse_override(user.json_model_override_args))
+    check_draft_prefill_graphs(asked, backend, served)
     return result
 
 

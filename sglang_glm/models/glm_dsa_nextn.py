@@ -78,10 +78,16 @@ class GlmDsaModelNextN(nn.Module):
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.topk_buffer = TopkBuffer(settings.index_topk)
+        if settings.draft_prefill_graphs:
+            # SGLang's prefill graph runner captures a model that has `layers`; a plain list, so the
+            # decoder's parameters keep their `model.decoder.*` names.
+            self.layers = [self.decoder]
 
-    def forward(self, input_ids, positions, forward_batch, topk_rows: Optional[torch.Tensor]):
+    def forward(self, input_ids, positions, forward_batch, topk_rows: Optional[torch.Tensor] = None):
         """Returns (pre-norm hidden x, post-norm hidden shared_head.norm(x)).
 
+        The body SGLang's breakable prefill graph captures for the draft's prefill pass: fixed-shape
+        tensor work, the MTP indexer's store + top-k an eager break (`GlmDsaIndexer.select_into`).
         topk_rows: None runs the MTP indexer; else the shared top-k rows of this batch's queries.
         """
         embeds = self.embed_tokens(input_ids)
@@ -117,6 +123,11 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
             "runs once per round, draft steps 1+ reuse the last accepted token's top-k"
             if self.settings.index_share else "runs in every draft step",
         )
+        logger.info(
+            "GLM-DSA MTP draft prefill: %s", "captured by SGLang's breakable prefill graphs "
+            "(mtp_draft_prefill_graphs)" if settings.draft_prefill_graphs
+            else "eager (mtp_draft_prefill_graphs off)",
+        )
 
     # ---- embedding / head shared with the target ----------------------------------------------
 
@@ -147,19 +158,21 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
             topk_rows = self._shared.rows_for_draft(
                 forward_batch.req_pool_indices, per_request
             )
+        # Under a breakable prefill graph self.model is the replay and this forward runs eagerly
+        # around it, on the batch padded to a token bucket.
         pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
         if not is_draft_step and self.settings.index_share and not mode.is_idle():
-            self._store_last_accepted(forward_batch)
+            self._store_last_accepted(forward_batch, input_ids.shape[0])
         return self.logits_processor(input_ids, post, self.lm_head, forward_batch,
                                      aux_hidden_states=carried_hidden(self.settings.recycle, pre))
 
-    def _store_last_accepted(self, forward_batch: ForwardBatch) -> None:
+    def _store_last_accepted(self, forward_batch: ForwardBatch, num_tokens: int) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""
-        rows = self.model.topk_buffer.read(DRAFT_LAYER_ID)
+        rows = self.model.topk_buffer.rows(num_tokens)
         if forward_batch.forward_mode.is_draft_extend_v2():
             # After verify: a fixed window of draft tokens per request, the accepted ones first.
-            per_request = rows.shape[0] // forward_batch.batch_size
-            start = torch.arange(0, rows.shape[0], per_request, device=rows.device)
+            per_request = forward_batch.spec_info.num_tokens_per_req
+            start = torch.arange(forward_batch.batch_size, device=rows.device) * per_request
             accept = forward_batch.spec_info.num_accept_tokens
         else:  # after prefill: the request's last prompt token
             start, accept = forward_batch.extend_start_loc, forward_batch.extend_seq_lens
