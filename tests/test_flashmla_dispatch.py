@@ -234,10 +234,9 @@ def test_no_plan_is_made_inside_a_graph_capture(fake, monkeypatch):
 def test_start_up_line_and_plans(fake, caplog, monkeypatch):
     monkeypatch.setattr(tb, "_LOGGED", set())
     shapes = WarmUpShapes(heads=64, topk=TOPK, page=64, max_keys=POOL, num_sms=132, warp_specialized=False)
-    monkeypatch.setattr(tb.TritonDSABackend, "_served_shapes", lambda self, runner: shapes)
     with caplog.at_level(logging.INFO, logger=tb.__name__):
         for kv in (_fp8_pool(), _fp8_pool(), _bf16_pool()):
-            _backend(kv)._prepare_flashmla(None)
+            _backend(kv)._prepare_flashmla(shapes)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["sparse MLA on FlashMLA for FP8 KV up to 512 query rows, Triton above (64 heads)",
                      "sparse MLA on FlashMLA for BF16 KV from 256 query rows, Triton below (64 heads)"]

@@ -68,8 +68,10 @@ def main() -> None:
     import sglang_glm
     from sglang_glm.attention.triton_dsa_backend import TritonDSABackend, TritonDSAMultiStepDraftBackend
 
-    # host layout only: no kernel runs here (a plugin from before the FlashMLA dispatch lacks the second)
-    TritonDSABackend._warm_up_kernels = TritonDSABackend._prepare_flashmla = lambda self, runner: None
+    # host layout only: no kernel runs here, and the stand-in runner cannot give the served shapes
+    # (a plugin from before the FlashMLA dispatch warms up from the runner and has no _served_shapes)
+    TritonDSABackend._warm_up_kernels = TritonDSABackend._prepare_flashmla = lambda self, arg: None
+    TritonDSABackend._served_shapes = lambda self, runner: None
     r = runner()
     rows = []
     for bs in (1, 32):

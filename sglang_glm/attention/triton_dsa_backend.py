@@ -80,8 +80,9 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         self._verify_mask: Optional[VerifyMask] = None
         self.flashmla = flashmla_on(self.device)
         if self.device.type == "cuda":  # the CPU plumbing tests build it with no kernel to run
-            self._warm_up_kernels(model_runner)
-            self._prepare_flashmla(model_runner)
+            shapes = self._served_shapes(model_runner)
+            self._warm_up_kernels(shapes)
+            self._prepare_flashmla(shapes)
 
     def _served_shapes(self, model_runner: "ModelRunner") -> WarmUpShapes:
         """The launch shapes of this server's batches (heads per rank, top-k, contexts, draft tokens)."""
@@ -98,10 +99,10 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
             draft_tokens=(get_spec().speculative_num_draft_tokens or 0) if get_spec().speculative_algorithm else 0,
         )
 
-    def _warm_up_kernels(self, model_runner: "ModelRunner") -> None:
+    def _warm_up_kernels(self, shapes: WarmUpShapes) -> None:
         """Every kernel variant a served batch can select, built before the first request
         (`glm_dsa_kernels.warmup`): eager prefill batches would otherwise build them in a request."""
-        pool, shapes = self.token_to_kv_pool, self._served_shapes(model_runner)
+        pool = self.token_to_kv_pool
         full_layer = pool.start_layer + next(i for i, b in enumerate(pool.index_k_buffer) if b is not None)
         key = (shapes, pool.fp8, str(self.device))
         if key in _WARMED_UP:
@@ -115,9 +116,9 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
                     TRITON_BACKEND, launches, time.perf_counter() - t0, "FP8" if pool.fp8 else "BF16",
                     shapes.max_keys)
 
-    def _prepare_flashmla(self, model_runner: "ModelRunner") -> None:
+    def _prepare_flashmla(self, shapes: WarmUpShapes) -> None:
         """Says once which kernel serves sparse MLA, and makes FlashMLA's FP8 plans before any capture."""
-        fp8, shapes = self.token_to_kv_pool.fp8, self._served_shapes(model_runner)
+        fp8 = self.token_to_kv_pool.fp8
         line = self.flashmla.describe(shapes.heads, fp8)
         if line not in _LOGGED:
             _LOGGED.add(line)
