@@ -168,7 +168,9 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
 
     def _store_last_accepted(self, forward_batch: ForwardBatch, num_tokens: int) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""
-        rows = self.model.topk_buffer.rows(num_tokens)
+        buffer = self.model.topk_buffer
+        # a replayed prefill graph leaves the buffer's Python state as its capture did: read by count
+        rows = buffer.rows(num_tokens) if self.settings.draft_prefill_graphs else buffer.read(DRAFT_LAYER_ID)
         if forward_batch.forward_mode.is_draft_extend_v2():
             # After verify: a fixed window of draft tokens per request, the accepted ones first.
             per_request = forward_batch.spec_info.num_tokens_per_req
