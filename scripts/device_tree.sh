@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device tool carries the working tree (tracked files included) plus `carry` paths, 64 MiB in all;
 # .gpu/ alone is ~46 MiB, so the bundled models' weights and the raw logs step outside the tree for a
-# device call, and the models a call needs travel xz-compressed in .gpu/models (unpack them there with
+# device call (with .gpu/whl's jedi wheel), and the models a call needs travel xz-compressed in .gpu/models (unpack them there with
 # `mkdir -p /tmp/models && for m in .gpu/models/*.tar.xz; do tar xJf $m -C /tmp/models; done`).
 #   bash scripts/device_tree.sh out [MODEL_DIR ...]  # weights (> 1 MB) and logs to ../device-held-assets;
 #                                                    # each MODEL_DIR (e.g. assets/glm5-geometry-carry)
@@ -17,7 +17,10 @@ case "${1:-}" in
     for model in "$@"; do
       tar cf - -C "$(dirname "$model")" "$(basename "$model")" | xz -T2 -6 > ".gpu/models/$(basename "$model").tar.xz"
     done
-    { find assets -type f -size +1M; git ls-files benchmarks | grep /logs/; } | while read -r f; do
+    # jedi (4.9 MB) is an ipython dependency that no server imports (IPython guards it): its room
+    # carries the peer's wheels
+    { find assets -type f -size +1M; git ls-files benchmarks | grep /logs/; ls .gpu/whl/jedi-*.whl 2>/dev/null; } |
+    while read -r f; do
       [ -f "$f" ] || continue
       mkdir -p "$HELD/$(dirname "$f")" && mv "$f" "$HELD/$f"
     done ;;

@@ -12,7 +12,12 @@
 #   bash scripts/gpu_bench.sh peer     # issue 30: SGLang's own GLM-DSA path (FlashMLA, no plugin) against the
 #                                      # plugin on the GLM-5.2-shaped model, BF16 and FP8 KV, decode b1/b32 and a
 #                                      # 32K prefill; needs .gpu/peer/sgl_flash_mla-1.0.0-*.whl (`pip download
-#                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry)
+#                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry);
+#                                      # with .gpu/deepgemm/sgl_deep_gemm-0.2.1-*.whl (5.4 MB; `pip download --no-deps
+#                                      # --only-binary=:all: -d .gpu/deepgemm sgl-deep-gemm==0.2.1`) the peer's indexer
+#                                      # runs on DeepGEMM, as on a Hopper deployment (else on SGLang's torch
+#                                      # fall-back). Both wheels and .gpu's 47 MiB pass the 64 MiB carry only
+#                                      # with .gpu/whl/jedi-*.whl (an ipython dependency no server imports) held out.
 #   bash scripts/gpu_bench.sh ingraph  # before/after in one run, before = .gpu/before_tree (a plugin tree, e.g.
 #                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
@@ -36,7 +41,8 @@
 #                                      # (FlashMLA vs the Triton kernel per shape, checked against float64), then the
 #                                      # GLM-5.2-shaped model served with the wheel (@flashmla) and without (Triton):
 #                                      # FP8 KV decode b1/b32, then BF16 KV 32K prefill as time allows; needs
-#                                      # .gpu/peer/sgl_flash_mla-1.0.0-*.whl (as `peer`)
+#                                      # .gpu/peer/sgl_flash_mla-1.0.0-*.whl (as `peer`); with .gpu/deepgemm's
+#                                      # wheel the kernel section also times DeepGEMM's indexer logits
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -47,13 +53,19 @@ rm -rf "$WORK"  # a machine kept warm between calls still holds the last call's 
 mkdir -p "$OUT" "$WORK"
 # whatever the run made comes back, also when a step fails or is cut short
 # (and SGLang's JIT-compiled CUDA modules, for .gpu/carry/jitcache.tar.gz: ~2 minutes of nvcc otherwise)
+# (and DeepGEMM's, where a run used it: $OUT/dgcache.tar.gz, carried as .gpu/carry/dgcache.tar.gz)
 trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .
-      tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null' EXIT
+      tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null
+      [ -d /tmp/dgcache ] && tar czf "$OUT/dgcache.tar.gz" -C /tmp/dgcache .' EXIT
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 # SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
 limit() { timeout -s INT -k 30 "$@"; }
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1
+# DeepGEMM compiles each kernel with nvcc at first use; SGLang points it at SGLANG_DG_CACHE_DIR
+export SGLANG_DG_CACHE_DIR=/tmp/dgcache DG_JIT_CACHE_DIR=/tmp/dgcache
+[ -f .gpu/carry/dgcache.tar.gz ] && mkdir -p /tmp/dgcache && tar xzf .gpu/carry/dgcache.tar.gz -C /tmp/dgcache
+DEEPGEMM_WHL=$(ls .gpu/deepgemm/sgl_deep_gemm-*.whl 2>/dev/null | head -1)
 cd benchmarks/serving/gpu
 case "$1" in
   shapes)
@@ -76,7 +88,7 @@ case "$1" in
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
     python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
-      || exit 1
+      ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
       --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
@@ -130,7 +142,11 @@ case "$1" in
     # the plugin and the wheel in one directory: --plugin puts it first on a server's PYTHONPATH
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
       ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1
-    { PYTHONPATH=/tmp/plugin_flashmla:$PYTHONPATH limit 150 python3 ../../kernels/bench_kernels.py \
+    # DeepGEMM only in the kernel benchmark's path: importable in a server, it would turn on SGLang's
+    # DeepGEMM FP8 GEMMs (and their minutes-long precompile) for the plugin's linears too
+    [ -n "$DEEPGEMM_WHL" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_dg \
+      "../../../$DEEPGEMM_WHL"
+    { PYTHONPATH=/tmp/plugin_flashmla:/tmp/site_dg:$PYTHONPATH limit 210 python3 ../../kernels/bench_kernels.py \
         --out-dir "$WORK/kernels" --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
       limit "${BENCH_TIMEOUT:-400}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \

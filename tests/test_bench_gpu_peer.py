@@ -31,3 +31,17 @@ def test_peer_flags_follow_the_kv_dtype_and_speculation():
     assert bf16[:2] == ["--attention-backend", "dsa"] and bf16.count("flashmla_sparse") == 2
     assert fp8.count("flashmla_kv") == 2 and "flashmla_sparse" not in fp8
     assert mtp[-2:] == ["--speculative-dsa-topk-backend", "torch"] and "--speculative-dsa-topk-backend" not in bf16
+
+
+def test_the_peer_indexer_runs_on_deep_gemm_only_where_the_site_holds_it(tmp_path):
+    """Without deep_gemm in the peer's site, SGLang's DSA indexer must be told to use its torch
+    fall-back (else it imports deep_gemm and the scheduler dies); with it, it must not be."""
+    from sglang_glm_tools import peer
+
+    assert peer.indexer(tmp_path) == "torch"
+    assert peer.env(tmp_path)["SGLANG_FP8_PAGED_MQA_LOGITS_TORCH"] == "1"
+    (tmp_path / "deep_gemm").mkdir()
+    assert peer.indexer(tmp_path) == "deepgemm"
+    env = peer.env(tmp_path)
+    assert "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH" not in env and env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
+    assert env["SGLANG_PLUGINS"] == "gpu_standin"

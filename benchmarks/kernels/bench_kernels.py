@@ -1,7 +1,8 @@
 """One GPU run: check every glm_dsa_kernels kernel against float64 references, then time them
 against the roofline (both ceilings measured in this run) and against SGLang 0.5.23's Triton
 sparse-MLA kernels (imported from the installed SGLang) and, where `sgl-flash-mla` is installed,
-FlashMLA's SM90 sparse kernels (the `peers` section, issue 30; not yet run).
+FlashMLA's SM90 sparse kernels (the `peers` section, issue 30) and, where `sgl-deep-gemm` is
+installed, DeepGEMM's indexer logits (the `deepgemm` section; not yet run).
 
   pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   python3 benchmarks/kernels/bench_kernels.py --out-dir OUT   (launch shapes: sweep.py)
@@ -457,6 +458,109 @@ def prefill_indexer_tables(ceil):
     tab.show()
 
 
+# ------------------------------------------------------------------ peers: DeepGEMM's indexer logits (issue 30)
+def quantize_q_fp8(q, w):
+    """Indexer q [T, 32, 128] bf16 -> e4m3 per (token, head), the scale folded into the head weights,
+    as SGLang's fused_q_indexer_rope_first_quant hands DeepGEMM its operands: relu(s x) = s relu(x), s > 0."""
+    s = q.abs().float().amax(-1).clamp(min=1e-4) / 448.0
+    return (q.float() / s[..., None]).to(torch.float8_e4m3fn), (w * s).contiguous()
+
+
+def deepgemm_decode_logits(q8, w8, k_cache, page_table, key_limit):
+    """DeepGEMM's paged MQA logits over the plugin's FP8 index-K pages (the same 132-byte layout SGLang
+    stores), one query per request, as SGLang's SM90 decode calls it -> [B, pages * 64] fp32."""
+    import deep_gemm
+
+    ctx = key_limit.view(-1, 1).contiguous()
+    sched = deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, deep_gemm.get_num_sms())
+    return lambda: deep_gemm.fp8_paged_mqa_logits(q8[:, None], k_cache.view(-1, 64, 1, 132), w8, ctx, page_table,
+                                                  sched, page_table.shape[1] * 64, clean_logits=False)
+
+
+def deepgemm_prefill_logits(q8, w8, k_cache, page_table, key_limit):
+    """DeepGEMM's ragged MQA logits for one request's prefill chunk: its keys gathered contiguous first
+    (SGLang's GetKAndS does that per forward; not timed here), ks = 0, ke = key_limit -> [T, keys] fp32."""
+    import deep_gemm
+
+    from glm_dsa_kernels.layout import unpack_index_k_pages
+
+    codes, scale = unpack_index_k_pages(k_cache[page_table[0].long()], 128)
+    kv = (codes.reshape(-1, 128).view(torch.float8_e4m3fn).contiguous(), scale.reshape(-1).contiguous())
+    ks = torch.zeros_like(key_limit)
+    return lambda: deep_gemm.fp8_mqa_logits(q8, kv, w8, ks, key_limit, clean_logits=False)
+
+
+def topk_recall(got, ref, key_limit, topk=2048):
+    """Mean share of the float64 reference's top-k keys that got's top-k also picks (positions past a
+    row's key_limit excluded)."""
+    pos = torch.arange(ref.shape[1], device=ref.device)
+    mask = pos[None, :] >= key_limit[:, None].long()
+    g = got[:, : ref.shape[1]].double().masked_fill(mask, float("-inf")).topk(topk, dim=1).indices
+    r = ref.masked_fill(mask, float("-inf")).topk(topk, dim=1).indices
+    return sum(torch.isin(g[i], r[i]).double().mean().item() for i in range(ref.shape[0])) / ref.shape[0]
+
+
+def deepgemm_tables(ceil):
+    """The plugin's indexer-logits kernels against DeepGEMM's (`sgl-deep-gemm` 0.2.1, what SGLang's DSA
+    indexer calls on Hopper): same keys (the plugin's FP8 pages), same timer. DeepGEMM takes q in e4m3
+    (quantized here per head, scale into the weights, as SGLang does); the plugin takes it in bf16. Both
+    are checked against the float64 reference first, by logits error and by top-2048 recall. Issue 30's
+    kernel target: the plugin >= 0.95x the fastest per shape.
+
+    The wheel (5.4 MB) travels with the device call in .gpu/deepgemm (scripts/gpu_bench.sh `flashmla`
+    installs it; it JIT-compiles its kernels with the device's nvcc at first use)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deep_gemm") is None:
+        check("peer: deep_gemm importable", False, "sgl-deep-gemm is not installed (deepgemm_tables' docstring says how)")
+        return
+    from glm_dsa_kernels.indexer import default_config, indexer_bytes, indexer_flops, indexer_logits, indexer_logits_ref
+
+    for what, (q, w, k_cache, pt, qr, kl), peer in (
+        ("decode 4 x 4K keys", decode_indexer_inputs(4, 4096), deepgemm_decode_logits),
+        ("prefill 256 queries x 4K keys", prefill_indexer_inputs(256, 4096), deepgemm_prefill_logits),
+    ):
+        ref = indexer_logits_ref(q, w, k_cache, pt, qr, kl)
+        ok = ref > float("-inf")
+        ours = indexer_logits(q, w, k_cache, pt, qr, kl, torch.zeros(q.shape[0], ref.shape[1], device="cuda"))
+        dg = peer(*quantize_q_fp8(q, w), k_cache, pt, kl)()[:, : ref.shape[1]]
+        for name, got, tol in (("glm_dsa", ours, 2e-3), ("deepgemm", dg, 5e-2)):  # e4m3 q: ~3 significant bits
+            err = rel_err(got[ok], ref[ok])
+            check(f"peer: {name} indexer logits, {what}", err < tol,
+                  f"rel err {err:.2e}, top-2048 recall {topk_recall(got, ref, kl):.4f}")
+
+    def compare(tab, shape, ours, peer, nb, fl):
+        tab.time(shape, "glm_dsa indexer_logits", ours, nb, fl)
+        tab.time(shape, "deepgemm (fp8 q)", peer, nb, fl, note="q quantized outside the timing")
+        rows = {r["impl"]: r for r in tab.lines if r["shape"] == shape}
+        if len(rows) == 2:
+            a, b = rows["glm_dsa indexer_logits"]["us"], rows["deepgemm (fp8 q)"]["us"]
+            check(f"peer target {tab.tag} {shape}: plugin >= 0.95x fastest", b / a >= 0.95,
+                  f"plugin {a:.1f} us, deepgemm {b:.1f} us ({b / a:.2f}x)")
+
+    tab = Table("peers: indexer logits, decode, FP8 keys, one query per request", "peer indexer decode", ceil)
+    for B, keys in ((1, 4096), (8, 4096), (32, 4096), (64, 4096), (1, 32768), (32, 32768), (64, 65536), (32, 131072)):
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(B, keys)
+        lg = torch.empty(B, keys, device="cuda")
+        compare(tab, f"batch {B} x {keys // 1024}K keys", lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg),
+                deepgemm_decode_logits(*quantize_q_fp8(q, w), k_cache, pt, kl), indexer_bytes(B * keys, B, 0),
+                indexer_flops(B * keys))
+        del k_cache, pt, lg
+    tab.show()
+
+    C = 2048
+    tab = Table(f"peers: indexer logits, prefill: {C} queries at the end of the context, causal, FP8 keys",
+                "peer indexer prefill", ceil)
+    for ctx in (4096, 32768, 131072):
+        q, w, k_cache, pt, qr, kl = prefill_indexer_inputs(C, ctx)
+        lg, cfg, keys = torch.empty(C, ctx, device="cuda"), default_config(C, queries_per_request=C), int(kl.sum())
+        compare(tab, f"{C} queries x {ctx // 1024}K keys", lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, cfg),
+                deepgemm_prefill_logits(*quantize_q_fp8(q, w), k_cache, pt, kl), ctx * 132 + keys * 4,
+                indexer_flops(keys))
+        del k_cache, pt, lg
+    tab.show()
+
+
 def indexcache_tables(kv_fp8, ceil):
     """Kernel-level prefill of a 4-layer stack: a chunk of C queries at the end of a context.
     Per layer: sparse MLA (64 heads, FP8 KV) over top-k rows; 'full' layers also run the indexer
@@ -609,7 +713,7 @@ def plot(json_path, png_path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", type=Path, default=HERE / "logs")
-    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,prefill-indexer,indexcache,peers,sglang-prefill "
+    ap.add_argument("--skip", default="", help="comma list of: check,decode,indexer,prefill-indexer,indexcache,peers,deepgemm,sglang-prefill "
                     "(sglang-prefill: SGLang's autotuned prefill kernel, ~3 min of autotuning)")
     ap.add_argument("--plot-only", type=Path)
     args = ap.parse_args()
@@ -636,7 +740,8 @@ def main():
     t0 = time.time()
     sections = [("check", lambda: correctness(kv_bf16, kv_fp8)), ("decode", lambda: mla_decode_tables(kv_bf16, kv_fp8, ceil)),
                 ("indexer", lambda: indexer_tables(ceil)), ("prefill-indexer", lambda: prefill_indexer_tables(ceil)),
-                ("indexcache", lambda: indexcache_tables(kv_fp8, ceil)), ("peers", lambda: peer_tables(kv_bf16, kv_fp8, ceil))]
+                ("indexcache", lambda: indexcache_tables(kv_fp8, ceil)), ("peers", lambda: peer_tables(kv_bf16, kv_fp8, ceil)),
+                ("deepgemm", lambda: deepgemm_tables(ceil))]
     for name, run in sections:
         if name in skip:
             continue

@@ -17,8 +17,8 @@ directory first on PYTHONPATH), `--run indexcache:decode_b1` with the installed 
 SGLang's own GLM-DSA path, the peer of issue 30: `--run indexcache@sglang:decode_b1` serves the config
 without the plugin (SGLANG_PLUGINS allows only the GPU machine's stand-in plugin), through SGLang's
 `GlmMoeDsaForCausalLM` and `dsa` backend: FlashMLA sparse attention from `--peer-site DIR` (`pip install
---target DIR sgl-flash-mla`), the indexer on SGLang's own torch fall-back (no DeepGEMM), flags and
-environment from `sglang_glm_tools.peer`. A peer server whose log shows the plugin's model (its
+--target DIR sgl-flash-mla`), the indexer's logits on DeepGEMM where DIR also holds `sgl-deep-gemm`
+0.2.1, else on SGLang's own torch fall-back; flags and environment from `sglang_glm_tools.peer`. A peer server whose log shows the plugin's model (its
 IndexCache plan line) stops the run.
 
 Configs (the model directory's own plan is IndexCache on, one full layer in four):
@@ -289,7 +289,7 @@ def main() -> None:
     base_env = dict(os.environ)
     for name, plugin, workloads in runs:
         os.environ.clear()
-        os.environ.update({**base_env, **(peer.ENV if plugin == PEER else {})})
+        os.environ.update({**base_env, **(peer.env(plugins[PEER]) if plugin == PEER else {})})
         os.environ["PYTHONPATH"] = os.pathsep.join([plugins[plugin], base_path]) if plugin else base_path
         label = f"{name}@{plugin}" if plugin else name
         origin = None if plugin == PEER else plugin_origin()  # SGLang's own path loads no plugin
@@ -305,7 +305,8 @@ def main() -> None:
         if plugin == PEER:
             own = peer.flags(flags)
             flags += own + PEER_POOL_ARGS  # later flags win
-            print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {plugins[PEER]}", flush=True)
+            print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {plugins[PEER]}, "
+                  f"indexer on {peer.indexer(plugins[PEER])}", flush=True)
         else:
             print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
         file_label = f"{name}_{plugin}" if plugin else name  # no '@' in file names: the device tool refuses them
@@ -332,7 +333,8 @@ def main() -> None:
                     continue
                 row = {"config": name, "plugin": plugin, "workload": wname, **dataclasses.asdict(w),
                        **{k: res.get(k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
-                       "plugin_origin": origin, "meta": meta}
+                       "plugin_origin": origin, "meta": meta,
+                       **({"peer_indexer": peer.indexer(plugins[PEER])} if plugin == PEER else {})}
                 with results.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(f"    TTFT {row['median_ttft_ms']:.1f} ms, TPOT {row['median_tpot_ms'] or 0:.2f} ms, "
