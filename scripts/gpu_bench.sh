@@ -18,6 +18,9 @@
 #                                      # runs on DeepGEMM, as on a Hopper deployment (else on SGLang's torch
 #                                      # fall-back). Both wheels and .gpu's 47 MiB pass the 64 MiB carry only
 #                                      # with .gpu/whl/jedi-*.whl (an ipython dependency no server imports) held out.
+#                                      # PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" serves
+#                                      # those configs instead, each on both sides (default: indexcache decode
+#                                      # b1/b32 + 32K prefill, fp8_kv decode b1/b32)
 #   bash scripts/gpu_bench.sh ingraph  # before/after in one run, before = .gpu/before_tree (a plugin tree, e.g.
 #                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
@@ -91,9 +94,9 @@ case "$1" in
       ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
-      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer --run indexcache@sglang:decode_b1,decode_b32,prefill_32k \
-      --run indexcache:decode_b1,decode_b32,prefill_32k --run fp8_kv@sglang:decode_b1,decode_b32 \
-      --run fp8_kv:decode_b1,decode_b32 2>&1 | tee "$WORK/peer.log"
+      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer \
+      $(for r in ${PEER_RUNS:-indexcache:decode_b1,decode_b32,prefill_32k fp8_kv:decode_b1,decode_b32}; do
+          echo --run "${r%%:*}@sglang:${r#*:}" --run "$r"; done) 2>&1 | tee "$WORK/peer.log"
     python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
   ingraph)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \

@@ -1,4 +1,5 @@
-"""peer_report.py pairs SGLang's own path with the plugin per config and workload, within one run."""
+"""peer_report.py pairs SGLang's own path with the plugin per config and workload, within one run;
+several runs give the union of their pairs."""
 
 import json
 import subprocess
@@ -15,20 +16,29 @@ def row(config, workload, plugin, tpot=None, ttft=None, **extra):
 
 def test_pairs_per_config_and_workload(tmp_path):
     rows = [
-        row("indexcache", "decode_b1", "sglang", tpot=6.0), row("indexcache", "decode_b1", None, tpot=5.0),
-        row("indexcache", "prefill_32k", "sglang", tpot=0.0, ttft=900.0),
+        row("indexcache", "decode_b1", "sglang", tpot=6.0, peer_indexer="deepgemm"),
+        row("indexcache", "decode_b1", None, tpot=5.0),
+        row("indexcache", "prefill_32k", "sglang", tpot=0.0, ttft=900.0, peer_indexer="deepgemm"),
         row("indexcache", "prefill_32k", None, tpot=0.0, ttft=1000.0),
         row("fp8_kv", "decode_b32", "sglang", tpot=20.0),  # no plugin row: not paired
         row("fp8_kv", "decode_b32", "before", tpot=10.0),  # another plugin copy: not the peer comparison
         {"config": "eagle_3_4", "plugin": "sglang", "error": "server exited"},
     ]
-    results = tmp_path / "results.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    subprocess.run([sys.executable, str(GPU_BENCH / "peer_report.py"), str(results), "--out", str(tmp_path)],
+    other_run = [row("eagle_3_4", "decode_b1", "sglang", tpot=8.0), row("eagle_3_4", "decode_b1", None, tpot=4.0),
+                 row("indexcache", "decode_b1", None, tpot=1.0)]  # its peer ran in the first file: no pair
+    results = [tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"]
+    for path, run in zip(results, (rows, other_run)):
+        path.write_text("".join(json.dumps(r) + "\n" for r in run))
+    subprocess.run([sys.executable, str(GPU_BENCH / "peer_report.py"), *map(str, results), "--out", str(tmp_path)],
                    check=True, capture_output=True)
     table = json.loads((tmp_path / "peer.json").read_text())
     assert table == [
-        {"what": "indexcache decode_b1", "metric": "median_tpot_ms", "sglang": 6.0, "plugin": 5.0, "ratio": 1.2},
-        {"what": "indexcache prefill_32k", "metric": "median_ttft_ms", "sglang": 900.0, "plugin": 1000.0, "ratio": 0.9},
+        {"what": "indexcache decode_b1", "metric": "median_tpot_ms", "sglang": 6.0, "plugin": 5.0, "ratio": 1.2,
+         "sglang_indexer": "deepgemm"},
+        {"what": "indexcache prefill_32k", "metric": "median_ttft_ms", "sglang": 900.0, "plugin": 1000.0, "ratio": 0.9,
+         "sglang_indexer": "deepgemm"},
+        {"what": "eagle_3_4 decode_b1", "metric": "median_tpot_ms", "sglang": 8.0, "plugin": 4.0, "ratio": 2.0,
+         "sglang_indexer": "torch"},  # a run that did not record it ran the fall-back
     ]
-    assert "| indexcache decode_b1 | median_tpot_ms | 6.00 ms | 5.00 ms | 1.20x |" in (tmp_path / "peer.md").read_text()
+    assert ("| indexcache decode_b1 | median_tpot_ms | 6.00 ms | 5.00 ms | 1.20x | deepgemm |"
+            in (tmp_path / "peer.md").read_text())

@@ -1,11 +1,15 @@
-"""Issue 30's side-by-side: one bench_gpu.py run's results.jsonl (plugin rows `CONFIG`, SGLang's own path
-`CONFIG@sglang`) -> results/peer.json, a list of {"what", "metric", "sglang", "plugin", "ratio"} rows
-(ratio = SGLang's time / the plugin's: > 1 means the plugin is faster), and peer.md, the table.
+"""Issue 30's side-by-side: bench_gpu.py runs' results.jsonl (plugin rows `CONFIG`, SGLang's own path
+`CONFIG@sglang`) -> results/peer.json, a list of {"what", "metric", "sglang", "plugin", "ratio",
+"sglang_indexer"} rows (ratio = SGLang's time / the plugin's: > 1 means the plugin is faster;
+sglang_indexer: the kernels SGLang's indexer ran, "deepgemm" or its "torch" fall-back), and peer.md, the
+table.
 
 Only rows of the same config and workload in the same file pair up (one run, one machine); where a side
-ran a workload more than once the median counts. Decode workloads compare TPOT, prefill ones TTFT.
+ran a workload more than once the median counts. Decode workloads compare TPOT, prefill ones TTFT. Several
+files (runs of different configs) give the union of their pairs.
 
-    python benchmarks/serving/gpu/peer_report.py RUN_DIR/results.jsonl [--out benchmarks/serving/gpu/results]
+    python benchmarks/serving/gpu/peer_report.py RUN_DIR/results.jsonl [RUN_DIR2/results.jsonl ...] \
+        [--out benchmarks/serving/gpu/results]
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def peer_rows(rows: list[dict]) -> list[dict]:
         value = r.get(metric(r["workload"]))
         if value is not None:
             times[(r["config"], r["workload"], "sglang" if r.get("plugin") == PEER else "plugin")].append(value)
+    # runs before the peer could use DeepGEMM (session 17) did not record it: they ran the torch fall-back
+    indexer = {r["config"]: r.get("peer_indexer", "torch") for r in rows if r.get("plugin") == PEER and "error" not in r}
     out = []
     for (config, workload, side), sglang in sorted(times.items()):
         plugin = times.get((config, workload, "plugin"))
@@ -39,27 +45,31 @@ def peer_rows(rows: list[dict]) -> list[dict]:
             continue
         s, p = statistics.median(sglang), statistics.median(plugin)
         out.append({"what": f"{config} {workload}", "metric": metric(workload), "sglang": round(s, 3),
-                    "plugin": round(p, 3), "ratio": round(s / p, 3)})
+                    "plugin": round(p, 3), "ratio": round(s / p, 3), "sglang_indexer": indexer[config]})
     return out
 
 
 def markdown(rows: list[dict], hardware: str) -> str:
-    lines = [f"SGLang's own GLM-DSA path vs the plugin, one run on {hardware} (ratio > 1: the plugin is faster)", "",
-             "| what | metric | SGLang | plugin | ratio |", "|---|---|---|---|---|"]
-    lines += [f"| {r['what']} | {r['metric']} | {r['sglang']:.2f} ms | {r['plugin']:.2f} ms | {r['ratio']:.2f}x |"
-              for r in rows]
+    lines = [f"SGLang's own GLM-DSA path vs the plugin on {hardware}, each pair from one run (ratio > 1: the "
+             "plugin is faster)", "", "| what | metric | SGLang | plugin | ratio | SGLang's indexer |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['metric']} | {r['sglang']:.2f} ms | {r['plugin']:.2f} ms | {r['ratio']:.2f}x | "
+              f"{r['sglang_indexer']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("results", type=Path, help="a bench_gpu.py run's results.jsonl")
+    ap.add_argument("results", type=Path, nargs="+", help="bench_gpu.py runs' results.jsonl")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
-    table = peer_rows(rows)
+    table, rows = [], []
+    for path in args.results:
+        run = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        table += peer_rows(run)
+        rows += run
     if not table:
-        raise SystemExit(f"{args.results}: no config served by both SGLang's own path and the plugin")
+        raise SystemExit(f"{' '.join(map(str, args.results))}: no config served by both SGLang's own path and the plugin")
     hardware = next((r["meta"]["hardware"] for r in rows if "meta" in r), "unknown hardware")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peer.json").write_text(json.dumps(table, indent=1) + "\n")
