@@ -15,7 +15,10 @@
   score[t, j] = sum_h weights[t, h] * relu(q[t, h] . k_j)
 
 indexer_logits scores one query per program (decode) or, with IndexerConfig.block_q > 1, blocks of
-consecutive queries (prefill: each key block is read and converted once per block).
+consecutive queries (prefill: each key block is read and converted once per block). FP8 keys meet q
+in an fp16 dot (keys converted in registers, exact), or, with IndexerConfig.q_terms 1 or 2, in an
+e4m3 dot on the keys' own codes (no conversion; q as one e4m3 term, as SGLang's and DeepGEMM's
+indexer take it, or as two, which carry a bf16 q's 8 significant bits).
 
 indexer_topk returns logical positions [T, topk] int32 (topk_select's rule: ties -> lower
 position, ascending position order, -1 padding). Long prefill chunks are cut into query chunks
@@ -54,6 +57,7 @@ class IndexerConfig:
     topk_block: int = 4096  # keys per step of that program
     topk_select_block: int = 2048  # candidates per step of the per-row top-k select
     topk_sample: int = 4096  # keys per row in the sample placing the top-k candidate bound
+    q_terms: int = 0  # FP8 keys: 0 = fp16 dot (keys converted), 1 or 2 = e4m3 dot on q's e4m3 terms
 
 
 def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerConfig:
@@ -99,11 +103,52 @@ def _dot_operand_q(q, w, K_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, F16_DTYPE
 
 
 @triton.jit
+def _to_e4m3(x):
+    """fp32 -> e4m3: rounded to nearest-even at 3 mantissa bits in the fp32 bits first, so the cast
+    itself is exact for e4m3's normal range whatever rounding it does (TRITON_INTERPRET's is not RTNE)."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = ((b + 0x7FFFF + ((b >> 20) & 1)) >> 20) << 20
+    return b.to(tl.float32, bitcast=True).to(tl.float8e4nv)
+
+
+@triton.jit
+def _e4m3_terms(q, w, Q_TERMS: tl.constexpr):
+    """Rows of q as e4m3 dot operands: each head scaled by a power of two (amax into [128, 256)),
+    then its e4m3 rounding (hi) and, for Q_TERMS 2, the e4m3 rounding of what hi left (lo: a bf16
+    value's remaining 4 significant bits, so hi + lo is exact down to 2^-16 of the head's amax);
+    w takes the inverse scale (exact). Q_TERMS 1 returns lo = hi, unused."""
+    amax = tl.max(tl.abs(q), 1).to(tl.float32)
+    log2_amax = ((amax.to(tl.uint32, bitcast=True) >> 23) & 255).to(tl.int32) - 127
+    shift = tl.minimum(tl.maximum(7 - log2_amax, -24), 24)
+    qs = q.to(tl.float32) * _pow2(shift)[:, None]
+    hi = _to_e4m3(qs)
+    lo = hi
+    if Q_TERMS == 2:
+        lo = _to_e4m3(qs - hi.to(tl.float32))
+    return hi, lo, w * _pow2(-shift)
+
+
+@triton.jit
+def _qk(q, q_lo, k, Q_TERMS: tl.constexpr, KEYS_LEFT: tl.constexpr):
+    """q . k^T ([rows, BLOCK_N]; KEYS_LEFT: k . q^T, [BLOCK_N, rows]), both e4m3 terms of q for Q_TERMS 2."""
+    if KEYS_LEFT:
+        s = tl.dot(k, tl.trans(q))
+        if Q_TERMS == 2:
+            s = tl.dot(k, tl.trans(q_lo), s)
+    else:
+        s = tl.dot(q, tl.trans(k))
+        if Q_TERMS == 2:
+            s = tl.dot(q_lo, tl.trans(k), s)
+    return s
+
+
+@triton.jit
 def _key_block(k_ptr, pages_row, j0, n, BLOCK_N: tl.constexpr, K_FP8: tl.constexpr, PAGE: tl.constexpr,
-               DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr):
+               DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, K_CODES: tl.constexpr = False):
     """Keys j0 + [0, BLOCK_N) (j0 < n, a multiple of BLOCK_N) of the request whose page-table row
-    starts at pages_row -> (keys [BLOCK_N, 128] as a dot operand, per-key fp32 scale). Keys at or
-    past n are 0 or, when read inside a page, whatever the page holds: callers store none of them."""
+    starts at pages_row -> (keys [BLOCK_N, 128] as a dot operand, per-key fp32 scale); K_CODES:
+    FP8 keys as their e4m3 codes, unconverted. Keys at or past n are 0 or, when read inside a page,
+    whatever the page holds: callers store none of them."""
     d = tl.arange(0, 128)
     if BLOCK_N <= PAGE:
         # the block lies in one page: one page-table read, then BLOCK_N consecutive slots, all read
@@ -117,7 +162,9 @@ def _key_block(k_ptr, pages_row, j0, n, BLOCK_N: tl.constexpr, K_FP8: tl.constex
         slot = pos % PAGE
     if K_FP8:
         row = k_ptr.to(tl.pointer_type(tl.float8e4nv)) + page * (PAGE * 132) + slot * 128
-        k = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(F16_DTYPE)  # exact in fp16
+        k = tl.load(row[:, None] + d[None, :], mask=valid[:, None], other=0.0)
+        if not K_CODES:
+            k = k.to(F16_DTYPE)  # exact in fp16
         scale = tl.load(k_ptr.to(tl.pointer_type(tl.float32)) + page * (PAGE * 33) + PAGE * 32 + slot,
                         mask=valid, other=0.0)
     else:
@@ -132,7 +179,7 @@ def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
     K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, Q_TERMS: tl.constexpr,
 ):
     """One program scores KEYS_PER_PROGRAM keys of one query, BLOCK_N at a time (q loaded once)."""
     pid_n = tl.program_id(0)
@@ -144,15 +191,19 @@ def _indexer_logits_kernel(
         d = tl.arange(0, 128)
         q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :])
         w = tl.load(w_ptr + t.to(tl.int64) * stride_wt + h)
-        q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
+        if Q_TERMS > 0:
+            q, q_lo, w = _e4m3_terms(q, w, Q_TERMS)
+        else:
+            q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
+            q_lo = q
         b = tl.load(query_req_ptr + t)
         pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
         out_row = logits_ptr + t.to(tl.int64) * stride_lt
         for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
-            k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE)
+            k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
             pos = j0 + tl.arange(0, BLOCK_N)
             valid = pos < n
-            s = tl.dot(q, tl.trans(k))  # [32, BLOCK_N]
+            s = _qk(q, q_lo, k, Q_TERMS, False)  # [32, BLOCK_N]
             # relu(q . k * scale) = scale * relu(q . k) for scale > 0
             score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0) * scale
             tl.store(out_row + pos, score, mask=valid)
@@ -164,6 +215,7 @@ def _indexer_logits_blocked_kernel(
     T, stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
     K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr,
+    Q_TERMS: tl.constexpr,
 ):
     """One program scores KEYS_PER_PROGRAM keys for BLOCK_Q consecutive queries (prefill), BLOCK_N
     keys at a time. q and w of the block, [BLOCK_Q * 32, 128] and [BLOCK_Q * 32], are loaded and
@@ -185,7 +237,11 @@ def _indexer_logits_blocked_kernel(
         q = tl.load(q_ptr + t_row.to(tl.int64)[:, None] * stride_qt + (r % 32)[:, None] * stride_qh + d[None, :],
                     mask=(t_row < T)[:, None], other=0.0)
         w = tl.load(w_ptr + t_row.to(tl.int64) * stride_wt + r % 32, mask=t_row < T, other=0.0)
-        q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
+        if Q_TERMS > 0:
+            q, q_lo, w = _e4m3_terms(q, w, Q_TERMS)
+        else:
+            q, w = _dot_operand_q(q, w, K_FP8, DOT_DTYPE, F16_DTYPE)
+            q_lo = q
         req = tl.load(query_req_ptr + tq, mask=tq < T, other=0)
         out = logits_ptr + tq.to(tl.int64)[None, :] * stride_lt
         todo = limit > lo  # queries with keys in this program's range (none past T: limit 0 there)
@@ -196,9 +252,9 @@ def _indexer_logits_blocked_kernel(
             n = tl.max(lim, 0)
             pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
             for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
-                k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE)
+                k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
                 pos = j0 + tl.arange(0, BLOCK_N)
-                s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_Q * 32]
+                s = _qk(q, q_lo, k, Q_TERMS, True)  # [BLOCK_N, BLOCK_Q * 32]
                 p = tl.reshape(tl.maximum(s, 0.0) * w[None, :], [BLOCK_N, BLOCK_Q, 32])
                 score = tl.sum(p, 2) * scale[:, None]  # [BLOCK_N, BLOCK_Q]
                 tl.store(out + pos[:, None], score, mask=pos[:, None] < lim[None, :])
@@ -241,8 +297,12 @@ def indexer_logits(
         c = config or _default_for(T, page_table)
         args = (q, weights, k_cache, page_table, query_req, key_limit, logits)
         strides = (q.stride(0), q.stride(1), weights.stride(0), page_table.stride(0), logits.stride(0))
+        if c.q_terms not in (0, 1, 2) or (c.q_terms and not k_fp8):
+            raise ValueError(f"IndexerConfig.q_terms={c.q_terms}: 0, or 1 or 2 with FP8 index keys (the keys here are "
+                             f"{k_cache.dtype}); use 0")
         meta = dict(K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program,
-                    NUM_STAGES=c.num_stages, DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, num_warps=c.num_warps)
+                    NUM_STAGES=c.num_stages, DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, Q_TERMS=c.q_terms,
+                    num_warps=c.num_warps)
         assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
         key_ranges = triton.cdiv(logits.shape[1], c.keys_per_program)
         if c.block_q == 1:

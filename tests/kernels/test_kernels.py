@@ -276,6 +276,44 @@ def test_indexer_query_blocks(device, layout, block_q, block_n):
     assert torch.equal(got, indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, config=IndexerConfig()))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_q", [1, 4])
+@pytest.mark.parametrize("q_terms,tol", [(2, 1e-3), (1, 6e-2)])
+def test_indexer_e4m3_dot(device, block_q, q_terms, tol):
+    """q_terms: FP8 keys scored by an e4m3 dot on their codes, q as one e4m3 term (SGLang's numerics:
+    a few % of error) or two (a bf16 q's bits; on the GPU the fp8 MMA's accumulation leaves ~1e-4),
+    in the decode and the query-blocked kernel: heads far from 1, a zero head, blocks straddling
+    requests, and the launcher's top-k exact on the kernel's own logits."""
+    dev = _dev(device)
+    torch.manual_seed(5)
+    B, max_pages, num_pages, topk = (4, 40, 200, 512) if device == "cuda" else (3, 3, 12, 32)
+    k_bf16 = torch.randn(num_pages, 64, 128, device=dev).bfloat16()
+    k_cache = quantize_index_k_fp8(k_bf16)
+    page_table = torch.stack([torch.randperm(num_pages, device=dev)[:max_pages] for _ in range(B)]).int()
+    T = 2 * B + 1
+    query_req = torch.randint(0, B, (T,), device=dev, dtype=torch.int32)
+    key_limit = torch.randint(1, max_pages * 64 + 1, (T,), device=dev, dtype=torch.int32)
+    q = torch.randn(T, 32, 128, device=dev)
+    q[1, 0] *= 1e4
+    q[2, 1] = 0.0
+    q[3, 2] *= 1e-6
+    q = q.bfloat16()
+    w = torch.randn(T, 32, device=dev) * 128**-0.5
+    config = IndexerConfig(block_q=block_q, block_n=64, keys_per_program=128, num_stages=2, topk_sample=512,
+                           q_terms=q_terms)
+    logits = torch.full((T, max_pages * 64), float("nan"), device=dev)
+    indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=config)
+    ref = indexer_logits_ref(q, w, k_cache, page_table, query_req, key_limit)
+    valid = ref.isfinite()
+    assert torch.equal(logits.isnan(), ~valid)
+    assert _rel(logits[valid], ref[valid]) < tol
+    got = indexer_topk(q, w, k_cache, page_table, query_req, key_limit, topk, config=config)
+    want = topk_positions_ref(logits.masked_fill(~valid, float("-inf")).cpu(), key_limit.cpu(), topk)
+    assert torch.equal(got.cpu(), want)
+    with pytest.raises(ValueError, match="IndexerConfig.q_terms=2: 0, or 1 or 2 with FP8 index keys"):
+        indexer_logits(q, w, k_bf16, page_table, query_req, key_limit, logits, config=IndexerConfig(q_terms=2))
+
+
 def test_indexer_default_config_blocks_prefill_only():
     """default_config: one query a program unless a request brings >= 64 queries (prefill)."""
     from glm_dsa_kernels import indexer
