@@ -46,6 +46,8 @@
 #                                      # FP8 KV decode b1/b32, then BF16 KV 32K prefill as time allows; needs
 #                                      # .gpu/peer/sgl_flash_mla-1.0.0-*.whl (as `peer`); with .gpu/deepgemm's
 #                                      # wheel the kernel section also times DeepGEMM's indexer logits
+#   bash scripts/gpu_bench.sh indexer  # sweep.py's indexer sweeps (decode, prefill, verify), the e4m3-dot
+#                                      # candidates (IndexerConfig.q_terms) beside the fp16-dot shapes
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -157,10 +159,13 @@ case "$1" in
         --run fp8_kv@flashmla:decode_b1,decode_b32 --run fp8_kv:decode_b1,decode_b32 \
         --run indexcache@flashmla:prefill_32k --run indexcache:prefill_32k
       grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
+  indexer)
+    limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
+      --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
   cold)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|cold" >&2; exit 2 ;;
 esac
 exit $?
