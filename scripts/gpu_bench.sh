@@ -94,6 +94,12 @@ case "$1" in
   peer)
     python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
       ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
+    # a deep_gemm that fails to import is worse than none: SGLang then drops its GLM-DSA model classes
+    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 -c "import deep_gemm" \
+        > "$WORK/deep_gemm_import.log" 2>&1; then
+      tail -5 "$WORK/deep_gemm_import.log"; echo "deep_gemm does not import: the peer's indexer runs on torch"
+      rm -rf /tmp/site_peer/deep_gemm
+    fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
       --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer \
