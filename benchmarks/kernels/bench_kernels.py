@@ -512,13 +512,16 @@ def deepgemm_tables(ceil):
     installs it; it JIT-compiles its kernels with the device's nvcc at first use). Without it the
     plugin's variants are still timed against its default."""
     import dataclasses
-    import importlib.util
 
     from glm_dsa_kernels.indexer import default_config, indexer_bytes, indexer_flops, indexer_logits, indexer_logits_ref
 
-    have_dg = importlib.util.find_spec("deep_gemm") is not None
-    if not have_dg:
-        check("peer: deep_gemm importable", False, "sgl-deep-gemm is not installed (deepgemm_tables' docstring says how)")
+    try:
+        import deep_gemm  # noqa: F401
+
+        have_dg = True
+    except Exception as exc:  # absent, or a build that does not load under this torch (OSError)
+        have_dg = False
+        check("peer: deep_gemm importable", False, f"{type(exc).__name__}: {exc} (deepgemm_tables' docstring says how)")
 
     def ours(q, w, k_cache, pt, qr, kl, lg, q_terms):
         cfg = dataclasses.replace(default_config(q.shape[0], q.shape[0] // pt.shape[0]), q_terms=q_terms)
