@@ -512,12 +512,12 @@ def deepgemm_tables(ceil):
     installs it; it JIT-compiles its kernels with the device's nvcc at first use). Without it the
     plugin's variants are still timed against its default."""
     import dataclasses
+    import importlib
 
     from glm_dsa_kernels.indexer import default_config, indexer_bytes, indexer_flops, indexer_logits, indexer_logits_ref
 
     try:
-        import deep_gemm  # noqa: F401
-
+        importlib.import_module("deep_gemm")
         have_dg = True
     except Exception as exc:  # absent, or a build that does not load under this torch (OSError)
         have_dg = False
