@@ -14,6 +14,12 @@ export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RES
 # SGLang's own GLM-DSA path (tests/gpu/test_peer_gpu.py) needs FlashMLA: .gpu/peer's sgl-flash-mla wheel
 for w in .gpu/peer/sgl_flash_mla-*.whl; do
   [ -f "$w" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer "$w" && export GLM_PEER_SITE=/tmp/site_peer
+  # with .gpu/deepgemm's wheel, SGLang's own path runs its indexer on DeepGEMM, from a site of its own: in a
+  # plugin server's path deep_gemm would switch SGLang's FP8 linears to DeepGEMM too
+  for d in .gpu/deepgemm/sgl_deep_gemm-*.whl; do
+    [ -f "$d" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer_dg "$w" "$d" \
+      && PYTHONPATH=/tmp/site_peer_dg:$PYTHONPATH python3 -c "import deep_gemm" && export GLM_PEER_DEEPGEMM_SITE=/tmp/site_peer_dg
+  done
 done
 # Multi-GPU hosts are shared: NVLink multicast stays off (the device notes say why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

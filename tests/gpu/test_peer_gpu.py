@@ -5,7 +5,8 @@ SGLang 0.5.23's `GlmMoeDsaForCausalLM` and `dsa` backend (FlashMLA sparse attent
 DeepGEMM where the site holds it, else on SGLang's torch fall-back; `sglang_glm_tools.peer`), with the plugin kept out by SGLANG_PLUGINS. Its
 tokens are judged by the suite's rule against the float64 reference, as the plugin's are, so the two
 paths agree wherever they both agree with the reference. Needs `sgl-flash-mla` installed where
-GLM_PEER_SITE points (scripts/run_gpu_suite.sh installs .gpu/peer's wheel there).
+GLM_PEER_SITE points (scripts/run_gpu_suite.sh installs .gpu/peer's wheel there), or, with DeepGEMM
+too, GLM_PEER_DEEPGEMM_SITE.
 """
 
 import os
@@ -17,7 +18,8 @@ from sglang_glm_tools import peer
 
 pytestmark = pytest.mark.gpu
 
-PEER_SITE = os.environ.get("GLM_PEER_SITE")
+# the site with DeepGEMM too where scripts/run_gpu_suite.sh could make one (its indexer as on a Hopper deployment)
+PEER_SITE = os.environ.get("GLM_PEER_DEEPGEMM_SITE") or os.environ.get("GLM_PEER_SITE")
 
 
 @pytest.mark.skipif(not PEER_SITE, reason="sgl-flash-mla not installed (GLM_PEER_SITE unset)")
@@ -28,5 +30,5 @@ def test_sglang_own_glm_dsa_path_agrees_with_reference(models, name, args):
         got, result, _ = serve_and_judge(url, models["glm52_64h"], name)
     log = (results_dir() / f"server_{name}.log").read_text(errors="replace")
     assert peer.PLUGIN_MODEL_LOG_LINE not in log, "the plugin's model served: SGLANG_PLUGINS did not keep it out"
-    record(name + "_tokens", tokens=got)
+    record(name + "_tokens", tokens=got, indexer=peer.indexer(PEER_SITE))
     result.assert_agrees()
