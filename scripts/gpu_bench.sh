@@ -35,7 +35,9 @@
 #   bash scripts/gpu_bench.sh tokenmap # issue 29: EAGLE 3/4 with and without a 32768-id --speculative-token-map
 #                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
 #                                      # decode, GLM-5.2-shaped model, batch 1 and 32 (GLM52_LAYERS=12: a deeper
-#                                      # proxy; TOKENMAP_WORKLOADS=decode_b1: batch 1 only)
+#                                      # proxy; GLM52_EXPERTS=64: fewer routed experts a layer, so e.g. 40 layers
+#                                      # fit, a deep proxy for batch 1 (make_glm52_shaped.py says what it keeps);
+#                                      # TOKENMAP_WORKLOADS=decode_b1: batch 1 only; TOKENMAP_CONFIGS: the servers)
 #   bash scripts/gpu_bench.sh topk     # before/after of the top-k select, before = .gpu/before_tree as for ingraph:
 #                                      # compare_versions on batch 1 and 8 rows of 4K keys in 202752-wide
 #                                      # logits (decode graphs' width) and 8 full-width rows (every chunk used),
@@ -144,10 +146,12 @@ case "$1" in
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   tokenmap)
-    python3 make_glm52_shaped.py /tmp/glm52 --layers "${GLM52_LAYERS:-8}" > /dev/null
+    python3 make_glm52_shaped.py /tmp/glm52 --layers "${GLM52_LAYERS:-8}" ${GLM52_EXPERTS:+--experts $GLM52_EXPERTS} \
+      | tee "$WORK/tokenmap.log"
     W=${TOKENMAP_WORKLOADS:-decode_b1,decode_b32}
     limit 500 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
-      --run indexcache:$W --run eagle_3_4:$W --run eagle_3_4_token_map:$W 2>&1 | tee "$WORK/tokenmap.log" ;;
+      $(for c in ${TOKENMAP_CONFIGS:-indexcache eagle_3_4 eagle_3_4_token_map}; do echo --run "$c:$W"; done) \
+      2>&1 | tee -a "$WORK/tokenmap.log" ;;
   flashmla)
     export SGLANG_GLM_FLASHMLA=1  # the opt-in; the Triton side's servers have no wheel to take it up
     # the plugin and the wheel in one directory: --plugin puts it first on a server's PYTHONPATH

@@ -34,3 +34,19 @@ def test_deeper_proxies_repeat_the_plan_and_refuse_fewer_than_four_layers(tmp_pa
     assert "".join("F" if t == "full" else "S" for t in config["indexer_types"]) == "FSSS" * 3
     r = subprocess.run([*make, str(tmp_path / "m3"), "--tiny", "--layers", "3"], capture_output=True, text=True)
     assert r.returncode != 0 and "--layers 3" in r.stderr
+
+
+def test_deep_proxies_keep_the_widths_with_fewer_experts_and_say_their_size(tmp_path):
+    """--experts builds E routed experts a MoE layer (top-8 routing and every width kept), so a deep
+    proxy fits one GPU; the script states the weights' size, and the full-width estimate matches the
+    67 GB the 8-layer model weighed when served (block scales aside)."""
+    make = [sys.executable, str(GPU_BENCH / "make_glm52_shaped.py")]
+    full = subprocess.run([*make, str(tmp_path / "m8")], check=True, capture_output=True, text=True).stdout
+    assert "256 experts a MoE layer" in full and "64.2 GB of weights" in full
+    deep = subprocess.run([*make, str(tmp_path / "m40"), "--layers", "40", "--experts", "64"], check=True,
+                          capture_output=True, text=True).stdout
+    config = json.loads((tmp_path / "m40" / "config.json").read_text())
+    assert config["n_routed_experts"] == 64 and config["num_experts_per_tok"] == 8 and config["hidden_size"] == 6144
+    assert config["num_hidden_layers"] == 40 and "104.5 GB of weights" in deep
+    r = subprocess.run([*make, str(tmp_path / "m4"), "--experts", "4"], capture_output=True, text=True)
+    assert r.returncode != 0 and "--experts 4: a token is routed to 8 experts" in r.stderr

@@ -25,6 +25,13 @@ the draft side of an MTP round does not grow with depth, so a deeper proxy weigh
 GLM-5.2's 78 layers. Each MoE layer adds ~9.7 GB of FP8 weights: 12 layers (~107 GB with the MTP
 layer) should leave the H200 room for a pool (not yet served).
 
+`--experts E` keeps every width but builds E routed experts a MoE layer instead of 256 (top-8 routing
+kept), so many more layers fit one H200: a deep proxy for the batch-1 round. At batch 1 a token reads
+8 routed experts whatever E, so a plain step costs what GLM-5.2's would; a 4-token verify reads
+E(1 - (1 - 8/E)^4) distinct experts under uniform routing, 26.5 at E = 64 against GLM-5.2's 30.5
+(a slightly cheaper verify), 19.3 at E = 24. Batch 32 is not represented (its tokens read all E).
+The script prints the FP8 weight size; e.g. `--layers 40 --experts 64` is ~104 GB.
+
 `--tiny` keeps the vocabulary, plan and layer count but shrinks the widths, for a CPU smoke run.
 """
 
@@ -61,11 +68,14 @@ def plan(layers: int) -> str:
     return (PLAN_UNIT * layers)[:layers]
 
 
-def config(tiny: bool, layers: int = 8) -> dict:
+def config(tiny: bool, layers: int = 8, experts: int | None = None) -> dict:
     from sglang_glm_tools.checkpoint import FP8_BLOCK, build_config, fp8_quantization_config
 
+    widths = dict(TINY_LAYER if tiny else GLM52_LAYER)
+    if experts is not None:
+        widths["n_routed_experts"] = experts
     fields = dict(
-        TINY_LAYER if tiny else GLM52_LAYER,
+        widths,
         vocab_size=VOCAB, num_hidden_layers=layers, indexer_types=["full" if c == "F" else "shared" for c in plan(layers)],
         max_position_embeddings=202752, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         bos_token_id=0, eos_token_id=1, index_share_for_mtp_iteration=True, dtype="bfloat16",
@@ -77,6 +87,20 @@ def config(tiny: bool, layers: int = 8) -> dict:
         out["quantization_config"] = fp8_quantization_config(cfg, mtp=True)
         assert out["quantization_config"]["weight_block_size"] == [FP8_BLOCK, FP8_BLOCK]
     return out
+
+
+def weight_gb(cfg: dict) -> float:
+    """Weights in GB as served: FP8 layers (1 byte a parameter, block scales ignored), BF16 embedding
+    and LM head; the MTP layer counted as one more MoE layer."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    attn = (h * cfg["q_lora_rank"] + cfg["q_lora_rank"] * heads * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+            + h * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+            + cfg["kv_lora_rank"] * heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]) + heads * cfg["v_head_dim"] * h)
+    moe = 3 * h * cfg["moe_intermediate_size"] * (cfg["n_routed_experts"] + cfg["n_shared_experts"])
+    dense_layers = cfg["first_k_dense_replace"]
+    moe_layers = cfg["num_hidden_layers"] - dense_layers + 1  # + the MTP layer
+    params = dense_layers * (attn + 3 * h * cfg["intermediate_size"]) + moe_layers * (attn + moe)
+    return (params + 2 * 2 * cfg["vocab_size"] * h) / 1e9
 
 
 def write_tokenizer(path: Path) -> None:
@@ -106,15 +130,21 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--layers", type=int, default=8, help="decoder layers (>= 4: 3 dense, then MoE)")
+    ap.add_argument("--experts", type=int, default=None, help="routed experts a MoE layer (default: GLM-5.2's 256)")
     args = ap.parse_args()
     if args.layers < 4:
         ap.error(f"--layers {args.layers}: GLM-5.2's first 3 layers are dense, so at least 4 keep an MoE layer")
+    top = (TINY_LAYER if args.tiny else GLM52_LAYER)["num_experts_per_tok"]
+    if args.experts is not None and args.experts < top:
+        ap.error(f"--experts {args.experts}: a token is routed to {top} experts, so at least {top}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "config.json").write_text(json.dumps(config(args.tiny, args.layers), indent=1))
+    cfg = config(args.tiny, args.layers, args.experts)
+    (args.out / "config.json").write_text(json.dumps(cfg, indent=1))
     write_tokenizer(args.out)
     write_prompts(args.out)
     torch.save(list(range(HOT_VOCAB)), args.out / "hot_vocab.pt")
-    print(f"wrote {args.out} (plan {plan(args.layers)}, {'tiny' if args.tiny else 'GLM-5.2'} widths, vocab {VOCAB})")
+    print(f"wrote {args.out} (plan {plan(args.layers)}, {'tiny' if args.tiny else 'GLM-5.2'} widths, "
+          f"{cfg['n_routed_experts']} experts a MoE layer, vocab {VOCAB}, {weight_gb(cfg):.1f} GB of weights)")
 
 
 if __name__ == "__main__":
