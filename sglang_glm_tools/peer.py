@@ -32,6 +32,7 @@ def env(site: str | Path) -> dict[str, str]:
     """The environment of a peer server whose packages are installed in site."""
     return {**ENV, **(TORCH_INDEXER if indexer(site) == "torch" else {})}
 
+
 # The plugin's model logs its IndexCache plan when built; SGLang's own never does.
 PLUGIN_MODEL_LOG_LINE = "IndexCache plan ("
 
