@@ -20,7 +20,8 @@
 #                                      # with .gpu/whl/jedi-*.whl (an ipython dependency no server imports) held out.
 #                                      # PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" serves
 #                                      # those configs instead, each on both sides (default: indexcache decode
-#                                      # b1/b32 + 32K prefill, fp8_kv decode b1/b32)
+#                                      # b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin
+#                                      # side runs with FlashMLA on (SGLANG_GLM_FLASHMLA=1 and the wheel)
 #   bash scripts/gpu_bench.sh ingraph  # before/after in one run, before = .gpu/before_tree (a plugin tree, e.g.
 #                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
 #                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
@@ -103,10 +104,19 @@ case "$1" in
       rm -rf /tmp/site_peer/deep_gemm
     fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    # PEER_FLASHMLA=1: the plugin side is the plugin with FlashMLA on its path and switched on (as
+    # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla
+    side=""
+    if [ "${PEER_FLASHMLA:-0}" = 1 ]; then
+      export SGLANG_GLM_FLASHMLA=1
+      python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
+        ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1
+      side="@flashmla"
+    fi
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
-      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer \
+      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer ${side:+--plugin flashmla=/tmp/plugin_flashmla} \
       $(for r in ${PEER_RUNS:-indexcache:decode_b1,decode_b32,prefill_32k fp8_kv:decode_b1,decode_b32}; do
-          echo --run "${r%%:*}@sglang:${r#*:}" --run "$r"; done) 2>&1 | tee "$WORK/peer.log"
+          echo --run "${r%%:*}@sglang:${r#*:}" --run "${r%%:*}$side:${r#*:}"; done) 2>&1 | tee "$WORK/peer.log"
     python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
   ingraph)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \

@@ -20,8 +20,8 @@ def test_pairs_per_config_and_workload(tmp_path):
         row("indexcache", "decode_b1", None, tpot=5.0),
         row("indexcache", "prefill_32k", "sglang", tpot=0.0, ttft=900.0, peer_indexer="deepgemm"),
         row("indexcache", "prefill_32k", None, tpot=0.0, ttft=1000.0),
-        row("fp8_kv", "decode_b32", "sglang", tpot=20.0),  # no plugin row: not paired
-        row("fp8_kv", "decode_b32", "before", tpot=10.0),  # another plugin copy: not the peer comparison
+        row("fp8_kv", "decode_b32", "sglang", tpot=20.0),
+        row("fp8_kv", "decode_b32", "flashmla", tpot=10.0),  # a plugin copy: its own row
         {"config": "eagle_3_4", "plugin": "sglang", "error": "server exited"},
     ]
     other_run = [row("eagle_3_4", "decode_b1", "sglang", tpot=8.0), row("eagle_3_4", "decode_b1", None, tpot=4.0),
@@ -33,6 +33,8 @@ def test_pairs_per_config_and_workload(tmp_path):
                    check=True, capture_output=True)
     table = json.loads((tmp_path / "peer.json").read_text())
     assert table == [
+        {"what": "fp8_kv decode_b32 (plugin@flashmla)", "metric": "median_tpot_ms", "sglang": 20.0, "plugin": 10.0,
+         "ratio": 2.0, "sglang_indexer": "torch"},
         {"what": "indexcache decode_b1", "metric": "median_tpot_ms", "sglang": 6.0, "plugin": 5.0, "ratio": 1.2,
          "sglang_indexer": "deepgemm"},
         {"what": "indexcache prefill_32k", "metric": "median_ttft_ms", "sglang": 900.0, "plugin": 1000.0, "ratio": 0.9,

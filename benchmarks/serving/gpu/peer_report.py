@@ -5,7 +5,8 @@ sglang_indexer: the kernels SGLang's indexer ran, "deepgemm" or its "torch" fall
 table.
 
 Only rows of the same config and workload in the same file pair up (one run, one machine); where a side
-ran a workload more than once the median counts. Decode workloads compare TPOT, prefill ones TTFT. Several
+ran a workload more than once the median counts. A plugin copy served in the run (`CONFIG@NAME`, e.g. the
+plugin with FlashMLA on its path) pairs too, as its own row "(plugin@NAME)". Decode workloads compare TPOT, prefill ones TTFT. Several
 files (runs of different configs) give the union of their pairs.
 
     python benchmarks/serving/gpu/peer_report.py RUN_DIR/results.jsonl [RUN_DIR2/results.jsonl ...] \
@@ -29,23 +30,23 @@ def metric(workload: str) -> str:
 
 
 def peer_rows(rows: list[dict]) -> list[dict]:
-    times = defaultdict(list)  # (config, workload, side) -> times
+    times = defaultdict(list)  # (config, workload, side) -> times; side: PEER, or a plugin copy (None: installed)
     for r in rows:
-        if "error" in r or r.get("plugin") not in (None, PEER):
-            continue  # a server that did not start, or another plugin copy (a before/after run)
-        value = r.get(metric(r["workload"]))
+        value = r.get(metric(r["workload"])) if "error" not in r else None
         if value is not None:
-            times[(r["config"], r["workload"], "sglang" if r.get("plugin") == PEER else "plugin")].append(value)
+            times[(r["config"], r["workload"], r.get("plugin"))].append(value)
     # runs before the peer could use DeepGEMM (session 17) did not record it: they ran the torch fall-back
     indexer = {r["config"]: r.get("peer_indexer", "torch") for r in rows if r.get("plugin") == PEER and "error" not in r}
     out = []
-    for (config, workload, side), sglang in sorted(times.items()):
-        plugin = times.get((config, workload, "plugin"))
-        if side != "sglang" or not plugin:
+    for (config, workload, side), sglang in sorted(times.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        if side != PEER:
             continue
-        s, p = statistics.median(sglang), statistics.median(plugin)
-        out.append({"what": f"{config} {workload}", "metric": metric(workload), "sglang": round(s, 3),
-                    "plugin": round(p, 3), "ratio": round(s / p, 3), "sglang_indexer": indexer[config]})
+        copies = sorted((c for (cf, wl, c) in times if (cf, wl) == (config, workload) and c != PEER), key=str)
+        for copy in copies:  # the installed plugin, or a copy such as the FlashMLA one (`--plugin NAME=DIR`)
+            s, p = statistics.median(sglang), statistics.median(times[(config, workload, copy)])
+            out.append({"what": f"{config} {workload}" + (f" (plugin@{copy})" if copy else ""), "metric": metric(workload),
+                        "sglang": round(s, 3), "plugin": round(p, 3), "ratio": round(s / p, 3),
+                        "sglang_indexer": indexer[config]})
     return out
 
 
