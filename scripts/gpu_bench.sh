@@ -51,6 +51,10 @@
 #                                      # wheel the kernel section also times DeepGEMM's indexer logits
 #   bash scripts/gpu_bench.sh indexer  # sweep.py's indexer sweeps (decode, prefill, verify), the e4m3-dot
 #                                      # candidates (IndexerConfig.q_terms) beside the fp16-dot shapes
+#   bash scripts/gpu_bench.sh gemm     # tune_fp8_gemm.py: SGLang's block-FP8 GEMM tuned for the GLM-5.2-shaped
+#                                      # model's linears (GEMM_TP=1, batch GEMM_M=1,4,16,64), the configs in
+#                                      # $WORK/gemm_configs (commit them to sglang_glm/gemm_configs/), then plain
+#                                      # decode b1/b32 with them (@gemm) and without, one run
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -179,6 +183,19 @@ case "$1" in
         --run fp8_kv@flashmla:decode_b1,decode_b32 --run fp8_kv:decode_b1,decode_b32 \
         --run indexcache@flashmla:prefill_32k --run indexcache:prefill_32k
       grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
+  gemm)
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    mkdir -p "$WORK/gemm_configs" && cp ../../../sglang_glm/gemm_configs/*.json "$WORK/gemm_configs/" 2>/dev/null
+    { limit "${TUNE_TIMEOUT:-260}" python3 ../../kernels/tune_fp8_gemm.py --config /tmp/glm52/config.json \
+        --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,4,16,64}" --out-configs "$WORK/gemm_configs" \
+        --results "$WORK/fp8_gemm_tuning.json" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
+      # the plugin with the tuned configs (@gemm) against the tree as it is, one server each
+      python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_gemm ../../.. \
+        && cp "$WORK"/gemm_configs/*.json /tmp/plugin_gemm/sglang_glm/gemm_configs/
+      limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+        --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin gemm=/tmp/plugin_gemm \
+        --run indexcache@gemm:decode_b1,decode_b32 --run indexcache:decode_b1,decode_b32
+      grep -h "block-FP8 GEMM" "$WORK"/server_*.log | sort | uniq -c; } 2>&1 | tee "$WORK/gemm.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
@@ -186,6 +203,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|cold" >&2; exit 2 ;;
 esac
 exit $?

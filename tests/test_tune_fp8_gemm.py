@@ -1,0 +1,49 @@
+"""tune_fp8_gemm.py's shape list and candidate launches (the GPU run times them; these parts are pure)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+import tune_fp8_gemm as tune  # noqa: E402
+
+
+def glm52_config(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/serving/gpu/make_glm52_shaped.py"), str(tmp_path / "m")],
+                   check=True, capture_output=True)
+    return json.loads((tmp_path / "m" / "config.json").read_text())
+
+
+def test_glm52_linear_shapes_per_rank(tmp_path):
+    cfg = glm52_config(tmp_path)
+    one, eight = tune.linear_shapes(cfg, 1), tune.linear_shapes(cfg, 8)
+    assert one["q_b_proj"] == (64 * 256, 2048) and eight["q_b_proj"] == (64 * 256 // 8, 2048)
+    assert one["o_proj"] == (6144, 64 * 256) and eight["o_proj"] == (6144, 2048)
+    assert one["kv_a_proj_with_mqa"] == eight["kv_a_proj_with_mqa"] == (576, 6144)  # replicated
+    assert one["dense gate_up"] == (2 * 12288, 6144) and eight["shared expert down"] == (6144, 2048 // 8)
+    assert all(k % tune.BLOCK == 0 for _, k in [*one.values(), *eight.values()])
+
+
+def test_candidates_split_only_what_k_has_and_swap_only_small_batches():
+    for M, N, K in ((1, 6144, 16384), (16, 576, 6144), (64, 24576, 6144), (512, 6144, 256), (4096, 2048, 6144)):
+        cands = tune.candidates(M, N, K)
+        assert cands and len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)
+        assert all(c.get("SPLIT_K", 1) <= K // tune.BLOCK and c["BLOCK_SIZE_K"] == tune.BLOCK for c in cands)
+        assert any(c.get("SWAP_AB") for c in cands) == (M <= 64)
+        assert all(c["BLOCK_SIZE_M"] >= min(M, 16) or not c.get("SWAP_AB") for c in cands)
+    # batch 1 on o_proj: 48 weight tiles of 128 rows leave 84 of 132 SMs idle unless K is split
+    assert {c["SPLIT_K"] for c in tune.candidates(1, 6144, 16384) if c.get("SWAP_AB") and c["BLOCK_SIZE_N"] == 128} \
+        == {1, 2, 4, 8}
+
+
+def test_quantized_inputs_reference_is_the_dequantized_product():
+    import torch
+
+    a8, a_s, w8, w_s, ref = tune.quantized_inputs(3, 200, 256, device="cpu")  # N not a block multiple
+    assert w8.shape == (200, 256) and w_s.shape == (2, 2) and a_s.shape == (3, 2)
+    a = a8.float() * a_s.repeat_interleave(128, 1)
+    w = w8.float() * w_s.repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)
+    assert torch.allclose(ref, a @ w.T)
+    assert (a8.float().abs().amax() <= 448) and (w8.float().abs().amax() <= 448)
