@@ -47,3 +47,37 @@ def test_quantized_inputs_reference_is_the_dequantized_product():
     w = w8.float() * w_s.repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)
     assert torch.allclose(ref, a @ w.T)
     assert (a8.float().abs().amax() <= 448) and (w8.float().abs().amax() <= 448)
+
+
+INTERPRETED = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from sglang_glm.cpu_compat import activate; activate()
+import tune_fp8_gemm as tune
+from sglang.kernels.ops.gemm import fp8_kernel
+fp8_kernel.get_platform = lambda: type("Hopper", (), {"is_sm90": True})()  # the launcher picks its SM90 kernel
+M, N, K = 3, 200, 512
+inputs = tune.quantized_inputs(M, N, K, device="cpu")
+cands = tune.candidates(M, N, K)
+picks = [next(c for c in cands if c.get("SWAP_AB") and c["SPLIT_K"] == 1),
+         next(c for c in cands if c.get("SWAP_AB") and c["SPLIT_K"] == 4),
+         next(c for c in cands if not c.get("SWAP_AB") and c.get("SPLIT_K", 1) == 2),
+         None]  # SGLang's default launch
+for launch in picks:
+    out = tune.matmul_with(launch, M, *inputs[:4])
+    err = ((out.float() - inputs[-1]).norm() / inputs[-1].norm()).item()
+    print(launch, err)
+    assert err < 1e-2, (launch, err)
+"""
+
+
+def test_candidates_run_through_sglangs_own_launcher():
+    """Under TRITON_INTERPRET (CPU), SGLang's Hopper kernel takes the tuner's swapped and split-K launches
+    (the keys and values a shipped file will carry) and matches the float32 reference, as its default does."""
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", INTERPRETED, str(ROOT / "benchmarks" / "kernels")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("\n") == 4

@@ -101,6 +101,19 @@ def quantized_inputs(M: int, N: int, K: int, device: str = "cuda"):
     return a8, a_s.contiguous(), w8.contiguous(), w_s.contiguous(), a_deq @ w_deq.T
 
 
+def matmul_with(launch: dict | None, M: int, a8, a_s, w8, w_s):
+    """SGLang's block-FP8 GEMM launcher, its config lookup answering `launch` (None: its default launch)."""
+    import torch
+    from sglang.kernels.ops.gemm import fp8_kernel
+
+    lookup = fp8_kernel.get_w8a8_block_fp8_configs
+    fp8_kernel.get_w8a8_block_fp8_configs = lambda *_: {M: launch} if launch else None
+    try:
+        return fp8_kernel.w8a8_block_fp8_matmul_triton(a8, w8, a_s, w_s, [BLOCK, BLOCK], torch.bfloat16)
+    finally:
+        fp8_kernel.get_w8a8_block_fp8_configs = lookup
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, required=True, help="the model's config.json")
@@ -134,15 +147,12 @@ def main() -> None:
         own = sglang_lookup(N, K, BLOCK, BLOCK)
         best_per_m = {}
         for M in map(int, args.m.split(",")):
-            a8, a_s, w8, w_s, ref = quantized_inputs(M, N, K)
+            inputs = quantized_inputs(M, N, K)
+            ref = inputs[-1]
             nbytes = N * K + M * K + M * N * 2  # weights dominate at small M
 
             def run(launch):
-                fp8_kernel.get_w8a8_block_fp8_configs = lambda *_: {M: launch} if launch else None
-                try:
-                    return fp8_kernel.w8a8_block_fp8_matmul_triton(a8, w8, a_s, w_s, [BLOCK, BLOCK], torch.bfloat16)
-                finally:
-                    fp8_kernel.get_w8a8_block_fp8_configs = sglang_lookup
+                return matmul_with(launch, M, *inputs[:4])
 
             base_cfg = own[min(own, key=lambda m: abs(m - M))] if own else None
             base = bench(lambda: run(base_cfg), rep=30)
