@@ -52,7 +52,7 @@
 #   bash scripts/gpu_bench.sh indexer  # sweep.py's indexer sweeps (decode, prefill, verify), the e4m3-dot
 #                                      # candidates (IndexerConfig.q_terms) beside the fp16-dot shapes
 #   bash scripts/gpu_bench.sh gemm     # tune_fp8_gemm.py: SGLang's block-FP8 GEMM tuned for the GLM-5.2-shaped
-#                                      # model's linears (GEMM_TP=1, batch GEMM_M=1,4,16,64), the configs in
+#                                      # model's linears (GEMM_TP=1, batch GEMM_M=1,16,64), the configs in
 #                                      # $WORK/gemm_configs (commit them to sglang_glm/gemm_configs/), then plain
 #                                      # decode b1/b32 with them (@gemm) and without, one run
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
@@ -187,7 +187,7 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     mkdir -p "$WORK/gemm_configs" && cp ../../../sglang_glm/gemm_configs/*.json "$WORK/gemm_configs/" 2>/dev/null
     { limit "${TUNE_TIMEOUT:-260}" python3 ../../kernels/tune_fp8_gemm.py --config /tmp/glm52/config.json \
-        --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,4,16,64}" --out-configs "$WORK/gemm_configs" \
+        --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,16,64}" --out-configs "$WORK/gemm_configs" \
         --results "$WORK/fp8_gemm_tuning.json" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
       # the plugin with the tuned configs (@gemm) against the tree as it is, one server each
       python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_gemm ../../.. \
