@@ -12,6 +12,8 @@ def models(tmp_path_factory):
     return {
         "glm52": make_model(root, "glm52", seed=3),
         "glm52_fp8": make_model(root, "glm52_fp8", seed=3, fp8=True),
+        # a hidden width no other checkpoint has: its GEMM shapes are the tuned-config test's own
+        "glm52_fp8_h384": make_model(root, "glm52_fp8_h384", seed=6, fp8=True, overrides={"hidden_size": 384}),
         "all_full": make_model(root, "all_full", seed=4, overrides={"indexer_types": ["full"] * 4}),
         # GLM-5.2's 64 attention heads on one rank (TP 1 or DP attention)
         "glm52_64h": make_model(root, "glm52_64h", seed=5,
