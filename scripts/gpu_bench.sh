@@ -186,15 +186,19 @@ case "$1" in
   gemm)
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     mkdir -p "$WORK/gemm_configs" && cp ../../../sglang_glm/gemm_configs/*.json "$WORK/gemm_configs/" 2>/dev/null
-    { limit "${TUNE_TIMEOUT:-260}" python3 ../../kernels/tune_fp8_gemm.py --config /tmp/glm52/config.json \
-        --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,16,64}" --out-configs "$WORK/gemm_configs" \
-        --results "$WORK/fp8_gemm_tuning.json" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
-      # the plugin with the tuned configs (@gemm) against the tree as it is, one server each
-      python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_gemm ../../.. \
-        && cp "$WORK"/gemm_configs/*.json /tmp/plugin_gemm/sglang_glm/gemm_configs/
+    # GEMM_TUNE=0: serve the tree's shipped configs against none, without tuning again
+    { [ "${GEMM_TUNE:-1}" = 1 ] && limit "${TUNE_TIMEOUT:-260}" python3 ../../kernels/tune_fp8_gemm.py \
+        --config /tmp/glm52/config.json --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,16,64}" \
+        --out-configs "$WORK/gemm_configs" --results "$WORK/fp8_gemm_tuning.json" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
+      # one server with the configs (@gemm) and one with none (@nogemm), both copies of the tree
+      for side in gemm nogemm; do
+        python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_$side ../../..
+        mkdir -p /tmp/plugin_$side/sglang_glm/gemm_configs && rm -f /tmp/plugin_$side/sglang_glm/gemm_configs/*.json
+      done
+      cp "$WORK"/gemm_configs/*.json /tmp/plugin_gemm/sglang_glm/gemm_configs/
       limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
-        --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin gemm=/tmp/plugin_gemm \
-        --run indexcache@gemm:decode_b1,decode_b32 --run indexcache:decode_b1,decode_b32
+        --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin gemm=/tmp/plugin_gemm --plugin nogemm=/tmp/plugin_nogemm \
+        --run indexcache@gemm:decode_b1,decode_b32 --run indexcache@nogemm:decode_b1,decode_b32
       grep -h "block-FP8 GEMM" "$WORK"/server_*.log | sort | uniq -c; } 2>&1 | tee "$WORK/gemm.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
