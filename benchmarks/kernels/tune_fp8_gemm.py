@@ -129,6 +129,8 @@ def main() -> None:
 
     from bench_kernels import bench
 
+    from sglang_glm.hooks.gemm import config_file_name  # the name SGLang and the plugin's hook look up
+
     cfg = json.loads(args.config.read_text())
     device = torch.cuda.get_device_name().replace(" ", "_")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -177,7 +179,7 @@ def main() -> None:
                   f"({base / best[0]:.2f}x, {nbytes / best[0] / 1e12:.2f} TB/s) [t={time.time() - t0:.0f}s]", flush=True)
             args.results.write_text(json.dumps(dict(device=device, results=results), indent=1))
         if best_per_m:
-            path = args.out_configs / f"N={N},K={K},device_name={device},dtype=fp8_w8a8,block_shape=[{BLOCK}, {BLOCK}].json"
+            path = args.out_configs / config_file_name(N, K, device, BLOCK, BLOCK)
             merged = {**(json.loads(path.read_text()) if path.exists() else {}), **{str(m): c for m, c in best_per_m.items()}}
             path.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n")
     print(f"done in {time.time() - t0:.0f}s: {args.results}", flush=True)
