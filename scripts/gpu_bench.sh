@@ -55,6 +55,11 @@
 #                                      # model's linears (GEMM_TP=1, batch GEMM_M=1,16,64), the configs in
 #                                      # $WORK/gemm_configs (commit them to sglang_glm/gemm_configs/), then plain
 #                                      # decode b1/b32 with them (@gemm) and without, one run
+#   bash scripts/gpu_bench.sh moe      # tune_fused_moe.py: SGLang's fused MoE kernel tuned for the GLM-5.2-shaped
+#                                      # model's routed experts (MOE_TP=1, batch MOE_M=1,4,8,16,32,64,128), the
+#                                      # configs in $WORK/moe_configs (commit them to sglang_glm/moe_configs/), then
+#                                      # plain decode b1/b32 and EAGLE 3/4 b1 with them (@moe) and without, one run
+#                                      # (gemm and moe: *_TUNE=0 serves the shipped configs, SERVE=0 only tunes)
 #   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
 #                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
 set -uo pipefail
@@ -183,23 +188,33 @@ case "$1" in
         --run fp8_kv@flashmla:decode_b1,decode_b32 --run fp8_kv:decode_b1,decode_b32 \
         --run indexcache@flashmla:prefill_32k --run indexcache:prefill_32k
       grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
-  gemm)
+  gemm|moe)
+    # tune SGLang's block-FP8 GEMM (gemm) or its fused MoE kernel (moe) for the GLM-5.2-shaped model, then
+    # serve one copy of the tree with the configs (@gemm / @moe) and one with none (@nogemm / @nomoe)
+    kind=$1 dir=$1_configs
+    if [ "$kind" = gemm ]; then
+      tune_on=${GEMM_TUNE:-1} results=fp8_gemm_tuning.json runs="indexcache:decode_b1,decode_b32"
+      tuner="../../kernels/tune_fp8_gemm.py --tp ${GEMM_TP:-1} --m ${GEMM_M:-1,16,64}"
+    else
+      tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1"
+      tuner="../../kernels/tune_fused_moe.py --tp ${MOE_TP:-1} --m ${MOE_M:-1,4,8,16,32,64,128}"
+    fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    mkdir -p "$WORK/gemm_configs" && cp ../../../sglang_glm/gemm_configs/*.json "$WORK/gemm_configs/" 2>/dev/null
-    # GEMM_TUNE=0: serve the tree's shipped configs against none, without tuning again
-    { [ "${GEMM_TUNE:-1}" = 1 ] && limit "${TUNE_TIMEOUT:-260}" python3 ../../kernels/tune_fp8_gemm.py \
-        --config /tmp/glm52/config.json --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,16,64}" \
-        --out-configs "$WORK/gemm_configs" --results "$WORK/fp8_gemm_tuning.json" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
-      # one server with the configs (@gemm) and one with none (@nogemm), both copies of the tree
-      for side in gemm nogemm; do
-        python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_$side ../../..
-        mkdir -p /tmp/plugin_$side/sglang_glm/gemm_configs && rm -f /tmp/plugin_$side/sglang_glm/gemm_configs/*.json
-      done
-      cp "$WORK"/gemm_configs/*.json /tmp/plugin_gemm/sglang_glm/gemm_configs/
-      limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
-        --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin gemm=/tmp/plugin_gemm --plugin nogemm=/tmp/plugin_nogemm \
-        --run indexcache@gemm:decode_b1,decode_b32 --run indexcache@nogemm:decode_b1,decode_b32
-      grep -h "block-FP8 GEMM" "$WORK"/server_*.log | sort | uniq -c; } 2>&1 | tee "$WORK/gemm.log" ;;
+    mkdir -p "$WORK/$dir" && cp ../../../sglang_glm/$dir/*.json "$WORK/$dir/" 2>/dev/null
+    # GEMM_TUNE=0 / MOE_TUNE=0: serve the tree's shipped configs without tuning; SERVE=0: tune only
+    { [ "$tune_on" = 1 ] && limit "${TUNE_TIMEOUT:-260}" python3 $tuner --config /tmp/glm52/config.json \
+        --out-configs "$WORK/$dir" --results "$WORK/$results" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
+      if [ "${SERVE:-1}" = 1 ]; then
+        for side in $kind no$kind; do
+          python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_$side ../../..
+          mkdir -p /tmp/plugin_$side/sglang_glm/$dir && rm -f /tmp/plugin_$side/sglang_glm/$dir/*.json
+        done
+        cp "$WORK/$dir"/*.json /tmp/plugin_$kind/sglang_glm/$dir/
+        limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
+          --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin $kind=/tmp/plugin_$kind --plugin no$kind=/tmp/plugin_no$kind \
+          $(for r in $runs; do echo --run "${r%%:*}@$kind:${r#*:}" --run "${r%%:*}@no$kind:${r#*:}"; done)
+        grep -h "block-FP8 GEMM\|fused MoE" "$WORK"/server_*.log | sort | uniq -c
+      fi; } 2>&1 | tee "$WORK/$kind.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
@@ -207,6 +222,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
 esac
 exit $?

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sglang_glm.hooks import gemm
+from sglang_glm.hooks import base, gemm
 
 
 @pytest.fixture
@@ -14,9 +14,9 @@ def tuned_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gemm, "TUNED", tmp_path)
     monkeypatch.setattr(fp8_kernel, "get_device_name", lambda device_id=0: "NVIDIA H200")
-    gemm.tuned_configs.cache_clear()
+    base.tuned_launches.cache_clear()
     yield tmp_path
-    gemm.tuned_configs.cache_clear()
+    base.tuned_launches.cache_clear()
 
 
 def test_file_name_is_sglangs():

@@ -205,3 +205,20 @@ def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, to
             start = seq_len + j * num_steps
             row[seq_len : seq_len + num_steps] = req_to_token[rpi, start : start + num_steps]
     return out
+
+
+def bind_interpreted_moe_align() -> None:
+    """SGLang binds its CUDA `moe_align_block_size` op only where CUDA is; under TRITON_INTERPRET its
+    own Triton single-launch align kernel (same "+1 offset" buckets, batches of up to 64 routed slots)
+    stands in, so SGLang's fused MoE kernel runs on a CPU (benchmarks/kernels/tune_fused_moe.py's tests)."""
+    import importlib
+
+    from sglang.kernels.ops.moe.moe_align_small_numel import SMALL_NUMEL_LIMIT, moe_align_small_numel
+
+    align = importlib.import_module("sglang.srt.layers.moe.moe_runner.triton_utils.moe_align_block_size")
+
+    def interpreted(topk_ids, buckets, block, sorted_ids, expert_ids, post_pad, _cumsum, _pad, ignore_invalid):
+        assert topk_ids.numel() <= SMALL_NUMEL_LIMIT and not ignore_invalid, "only small batches, +1 buckets"
+        moe_align_small_numel(topk_ids, buckets, block, sorted_ids, expert_ids, post_pad)
+
+    align.sgl_moe_align_block_size = interpreted

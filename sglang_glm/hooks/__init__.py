@@ -6,7 +6,7 @@ else to SGLang untouched. One module per concern, each with its `HOOKS`: `launch
 defaults, prefill graphs, speculative flag checks), `memory` (KV pool class and size, the top-k
 buffer), `requests` (400s for requests that would crash SGLang), `chat` (OpenAI chat fixes),
 `speculative` (draft backends, the draft-extend graph, the top-k seed, per-position acceptance),
-`gemm` (tuned block-FP8 GEMM configs for GLM-5.2's shapes);
+`gemm` and `moe` (tuned block-FP8 GEMM and fused-MoE configs for GLM-5.2's shapes);
 the CPU path's own hooks are `sglang_glm.cpu_compat.hooks`. `plugin.register()` checks every
 target exists before `apply()` registers any.
 """
@@ -14,7 +14,7 @@ target exists before `apply()` registers any.
 from __future__ import annotations
 
 from sglang_glm.attention.backends import on_cpu_engine
-from sglang_glm.hooks import chat, gemm, launch, memory, requests, speculative
+from sglang_glm.hooks import chat, gemm, launch, memory, moe, requests, speculative
 from sglang_glm.hooks.base import Hook, is_glm_dsa
 
 __all__ = ["Hook", "apply", "hooks", "is_glm_dsa"]
@@ -22,7 +22,8 @@ __all__ = ["Hook", "apply", "hooks", "is_glm_dsa"]
 
 def hooks() -> list[Hook]:
     """Every hook this process needs: the CPU path's own only on the CPU engine."""
-    everywhere = [*memory.HOOKS, *requests.HOOKS, *chat.HOOKS, *launch.HOOKS, *speculative.HOOKS, *gemm.HOOKS]
+    everywhere = [*memory.HOOKS, *requests.HOOKS, *chat.HOOKS, *launch.HOOKS, *speculative.HOOKS, *gemm.HOOKS,
+                  *moe.HOOKS]
     if not on_cpu_engine():
         return everywhere
     from sglang_glm.cpu_compat import hooks as cpu_hooks

@@ -3,9 +3,16 @@ models and the plugin's attention backends."""
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 from sglang_glm.attention.backends import PLUGIN_BACKENDS
+
+
+logger = logging.getLogger(__name__)
 
 
 class Hook(NamedTuple):
@@ -37,3 +44,13 @@ def plugin_backend_in_use() -> bool:
         return bool(set(attention_backends()) & set(PLUGIN_BACKENDS))
     except ValueError:  # SGLang's "config namespace 'exec' not published": no runtime context yet
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def tuned_launches(path: Path, kernel: str) -> dict[int, dict] | None:
+    """The launch configs the plugin ships in `path` ({batch: config}, SGLang's file format), or None
+    where it ships none; one log line per file used, naming the kernel."""
+    if not path.exists():
+        return None
+    logger.info("%s %s: the plugin's tuned launch configs", kernel, path.name)
+    return {int(m): cfg for m, cfg in json.loads(path.read_text()).items()}

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
 from pathlib import Path
 
-from sglang_glm.hooks.base import Hook, plugin_backend_in_use
+from sglang_glm.hooks.base import Hook, plugin_backend_in_use, tuned_launches
 
 TUNED = Path(__file__).resolve().parents[1] / "gemm_configs"  # made by benchmarks/kernels/tune_fp8_gemm.py
-logger = logging.getLogger(__name__)
 
 
 def config_file_name(N: int, K: int, device_name: str, block_n: int, block_k: int) -> str:
     """SGLang's name for a block-FP8 GEMM config file (`get_w8a8_block_fp8_configs`)."""
     return f"N={N},K={K},device_name={device_name.replace(' ', '_')},dtype=fp8_w8a8,block_shape=[{block_n}, {block_k}].json"
-
-
-@functools.lru_cache(maxsize=None)
-def tuned_configs(file_name: str) -> dict[int, dict] | None:
-    """The plugin's tuned configs of one (N, K, GPU, block) as {batch M: launch config}, or None."""
-    path = TUNED / file_name
-    if not path.exists():
-        return None
-    logger.info("block-FP8 GEMM %s: the plugin's tuned launch configs", file_name)
-    return {int(m): cfg for m, cfg in json.loads(path.read_text()).items()}
 
 
 def _glm_block_fp8_configs(original, N, K, block_n, block_k):
@@ -35,7 +21,8 @@ def _glm_block_fp8_configs(original, N, K, block_n, block_k):
     from sglang.kernels.ops.gemm import fp8_kernel
 
     if plugin_backend_in_use() and not torch._dynamo.is_compiling():
-        found = tuned_configs(config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k))
+        found = tuned_launches(TUNED / config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k),
+                               "block-FP8 GEMM")
         if found is not None:
             return found
     return original(N, K, block_n, block_k)

@@ -75,22 +75,25 @@ def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
     result.assert_agrees()
 
 
-def test_tuned_gemm_configs_reach_sglangs_fp8_gemm(models):
-    """Launch configs the plugin ships for a shape (sglang_glm/gemm_configs/, hooks/gemm.py) reach SGLang's
-    block-FP8 GEMM in a GLM-DSA server: SGLang's Hopper kernel with swapped, split-K tiles at batch 1 and
-    plain tiles at 64 for every linear of a 384-wide FP8 checkpoint (a width no other test serves), its
-    log names each file, and the tokens still agree with the float64 reference."""
+def test_tuned_gemm_and_moe_configs_reach_sglang(models):
+    """Launch configs the plugin ships for a shape (sglang_glm/gemm_configs/ and moe_configs/, hooks/gemm.py
+    and hooks/moe.py) reach SGLang's block-FP8 GEMM and fused MoE kernel in a GLM-DSA server: SGLang's Hopper
+    GEMM with swapped, split-K tiles at batch 1 and plain tiles at 64 for every linear of a 384-wide FP8
+    checkpoint (a width no other test serves), 16- and 32-row token tiles for its routed experts, its log
+    names each file, and the tokens still agree with the float64 reference."""
     import json
     import sys
     from pathlib import Path
 
     import sglang_glm
     import torch
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_config_file_name
 
     from sglang_glm.hooks.gemm import config_file_name
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "kernels"))
     from tune_fp8_gemm import linear_shapes
+    from tune_fused_moe import expert_shapes
 
     path = models["glm52_fp8_h384"]
     cfg = json.loads((path / "config.json").read_text())
@@ -98,24 +101,35 @@ def test_tuned_gemm_configs_reach_sglangs_fp8_gemm(models):
                           num_stages=4, SWAP_AB=True, SPLIT_K=2),
                 "64": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                            num_stages=3)}
-    shipped = Path(sglang_glm.__file__).parent / "gemm_configs"  # the installed plugin the servers import
+    moe_launches = {"1": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                              num_stages=4),
+                    "64": dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                               num_stages=3)}
+    plugin = Path(sglang_glm.__file__).parent  # the installed plugin the servers import
     files = {linear: config_file_name(n, k, torch.cuda.get_device_name(), 128, 128)
              for linear, (n, k) in linear_shapes(cfg, 1).items() if 384 in (n, k)}
     names = set(files.values())
     # SGLang may fuse the shared expert into its MoE kernel; every other linear is a block-FP8 GEMM
     required = {name for linear, name in files.items() if not linear.startswith("shared expert")}
+    E, N, _, _ = expert_shapes(cfg, 1)
+    moe_name = get_config_file_name(E, N, "fp8_w8a8", [128, 128])
+    written = [plugin / "gemm_configs" / name for name in names] + [plugin / "moe_configs" / moe_name]
     try:
         for name in names:
-            (shipped / name).write_text(json.dumps(launches))
+            (plugin / "gemm_configs" / name).write_text(json.dumps(launches))
+        (plugin / "moe_configs").mkdir(exist_ok=True)
+        (plugin / "moe_configs" / moe_name).write_text(json.dumps(moe_launches))
         with gpu_server(path, "tuned_gemm") as url:
             _, result, _ = serve_and_judge(url, path, "tuned_gemm")
     finally:
-        for name in names:
-            (shipped / name).unlink(missing_ok=True)
+        for file in written:
+            file.unlink(missing_ok=True)
     log = (results_dir() / "server_tuned_gemm.log").read_text()
     used = {name for name in names if f"block-FP8 GEMM {name}: the plugin's tuned launch configs" in log}
-    record("tuned_gemm_files", used=sorted(used), shipped=sorted(names))
+    moe_used = f"fused MoE {moe_name}: the plugin's tuned launch configs" in log
+    record("tuned_gemm_files", used=sorted(used), shipped=sorted(names), moe_file=moe_name, moe_used=moe_used)
     assert required <= used, sorted(required - used)
+    assert moe_used, (moe_name, [line for line in log.splitlines() if "MoE" in line][-5:])
     result.assert_agrees()
 
 

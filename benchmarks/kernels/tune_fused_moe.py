@@ -1,0 +1,230 @@
+"""Tune SGLang's fused MoE kernel (`fused_experts_impl`, block-FP8 experts, 128 x 128 weight blocks) for
+GLM-5.2's routed experts on this GPU, and write the winners where the plugin ships them
+(`sglang_glm/moe_configs/`, SGLang's file format; `sglang_glm/hooks/moe.py` hands them to SGLang in
+GLM-DSA servers).
+
+SGLang 0.5.23 ships H200 files for other models' (E, N) only; the GLM-5.2-shaped model on one GPU
+(E = 256, N = 2048) runs its one default launch (64-row token tiles, 128-wide weight tiles, 3 stages)
+at every batch. A batch-1 decode gives each of its 8 experts one token, a 4-token verify about 30
+experts one token each, so the kernel is a weight read: 64-row tiles leave 63 of 64 rows empty, and
+SGLang turns on its SM90 swapped-operand path only for tiles under 64 rows (`should_enable_swap_ab`).
+The verify's expert read is the largest single part of an MTP round on the GLM-5.2-shaped model
+(session 15's round profile: `fused_moe_kernel` 1.79 of 9.14 ms).
+
+For each (E, N, K, top-k) the config gives at the tensor-parallel sizes asked, and each batch M:
+every candidate launch is checked against SGLang's own launch on the same inputs (same quantization,
+so only the summation order may differ), SGLang's own against a float32 reference, then each is timed
+by CUDA-graph replay after an L2 eviction (bench_kernels.bench); the fastest is kept if it beats
+SGLang's choice. Routing is uniform over the experts (distinct per token), as the random-weight model's.
+
+    python3 make_glm52_shaped.py /tmp/glm52      # (benchmarks/serving/gpu) for the config
+    python3 benchmarks/kernels/tune_fused_moe.py --config /tmp/glm52/config.json --tp 1 \
+        --m 1,4,8,16,32,64,128 --results OUT/fused_moe.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHIPPED = HERE.parents[1] / "sglang_glm" / "moe_configs"
+BLOCK = 128  # the checkpoints' weight block (weight_block_size)
+
+
+def expert_shapes(cfg: dict, tp: int, experts: int | None = None) -> tuple[int, int, int, int]:
+    """(E, N, K, top-k) of the routed experts per rank, as SGLang names its files: E experts, N the
+    intermediate width per rank (w2's last dim), K the hidden size. Tensor parallel splits N."""
+    return (experts or cfg["n_routed_experts"], cfg["moe_intermediate_size"] // tp, cfg["hidden_size"],
+            cfg["num_experts_per_tok"])
+
+
+def candidates(M: int) -> list[dict]:
+    """Launch configs worth timing at batch M. Up to 64 tokens an expert holds a token or two, so the
+    token tile is SGLang's smallest (16 or 32 rows: its SM90 kernel then swaps operands) and the weight
+    tile and pipeline depth are what matter; above, wider token tiles and grouped scheduling."""
+    out = []
+
+    def add(bm, bn, warps, stages, group=1):
+        out.append(dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=BLOCK, GROUP_SIZE_M=group,
+                        num_warps=warps, num_stages=stages))
+
+    if M <= 64:
+        for bm in (16, 32) if M > 16 else (16,):
+            for bn in (64, 128, 256):
+                for stages in (3, 4, 5):
+                    add(bm, bn, 4, stages)
+        return out
+    for bm in (32, 64, 128):
+        for bn in (64, 128, 256):
+            for warps, stages in ((4, 3), (4, 4), (8, 3)):
+                add(bm, bn, warps, stages, 1 if M <= 256 else 16)
+    return out
+
+
+def quantized_experts(E: int, N: int, K: int, device: str = "cuda", seed: int = 0):
+    """w1 [E, 2N, K] (gate rows, then up rows) and w2 [E, K, N] as e4m3 per 128 x 128 block, with their
+    scales [E, rows / 128, cols / 128] (SGLang's layout), made an expert at a time."""
+    import torch
+
+    assert N % BLOCK == 0 and K % BLOCK == 0, f"N={N} K={K}: the checkpoints' experts have whole 128 blocks"
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def quantize(rows, cols):
+        w8 = torch.empty(E, rows, cols, device=device, dtype=torch.float8_e4m3fn)
+        s = torch.empty(E, rows // BLOCK, cols // BLOCK, device=device)
+        for e in range(E):
+            w = torch.randn(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK, device=device, generator=gen) / cols ** 0.5
+            s[e] = w.abs().amax((1, 3)).clamp(min=1e-8) / 448
+            w8[e] = (w / s[e][:, None, :, None]).to(torch.float8_e4m3fn).view(rows, cols)
+        return w8, s
+
+    return (*quantize(2 * N, K), *quantize(K, N))
+
+
+def dequantized(w8, s, e: int):
+    """Expert e's weight in float32, as its blocks and scales give it."""
+    return w8[e].float() * s[e].repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+
+
+def routed_tokens(M: int, E: int, K: int, topk: int, device: str = "cuda", seed: int = 0):
+    """Hidden states [M, K] (bf16), router weights [M, topk] and distinct expert ids per token."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed + M)
+    x = torch.randn(M, K, device=device, generator=gen).to(torch.bfloat16)
+    ids = torch.rand(M, E, device=device, generator=gen).topk(topk, dim=-1).indices.to(torch.int32)
+    weights = torch.rand(M, topk, device=device, generator=gen).softmax(-1)
+    return x, weights, ids
+
+
+def reference(x, weights, ids, w1, s1, w2, s2):
+    """Float32 routed-expert output: sum over a token's experts of weight * down(silu(gate) * up)."""
+    import torch
+
+    out = torch.zeros(x.shape[0], w2.shape[1], device=x.device)
+    N = w2.shape[2]
+    for e in ids.unique().tolist():
+        d1, d2 = dequantized(w1, s1, e), dequantized(w2, s2, e)
+        for t, k in (ids == e).nonzero().tolist():
+            h = d1 @ x[t].float()
+            out[t] += weights[t, k] * (d2 @ (torch.nn.functional.silu(h[:N]) * h[N:]))
+    return out
+
+
+@contextlib.contextmanager
+def launch_config(launch: dict | None):
+    """SGLang's MoE config lookup answers `launch` at every batch (None: SGLang's own file or default).
+    The down projection has no file of its own, so it runs the same launch, as SGLang does then."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config as lookup
+
+    own = lookup.get_moe_configs
+    if launch is not None:  # SGLang takes the entry nearest the batch: the only one
+        lookup.get_moe_configs = lambda *a, down_moe=False, **kw: None if down_moe else {1: launch}
+    try:
+        yield
+    finally:
+        lookup.get_moe_configs = own
+
+
+def experts_with(launch: dict | None, x, weights, ids, w1, s1, w2, s2):
+    """SGLang's fused MoE (block-FP8 experts, SiLU gate) with `launch` as its config."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe import fused_experts_impl
+
+    with launch_config(launch):
+        return fused_experts_impl(x, w1, w2, weights, ids, use_fp8_w8a8=True, w1_scale=s1, w2_scale=s2,
+                                  block_shape=[BLOCK, BLOCK])
+
+
+def publish_runtime_context(device: str) -> None:
+    """SGLang reads its runtime context inside the MoE path (deterministic mode, the tensor-parallel
+    group its symmetric-memory switch names): publish its defaults, as a server does from its
+    arguments, and no group (one process, one GPU)."""
+    from sglang.srt.runtime_context import get_context, get_parallel
+    from sglang.srt.server_args import ServerArgs
+
+    get_context().set_server_args(ServerArgs(model_path="tune_fused_moe", device=device))
+    get_parallel().override_permanently(tp_group=None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, required=True, help="the model's config.json")
+    ap.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes")
+    ap.add_argument("--experts", type=int, default=None, help="routed experts a layer (default: the config's)")
+    ap.add_argument("--m", default="1,4,8,16,32,64,128", help="comma list of batch sizes (tokens); SGLang "
+                    "takes the nearest")
+    ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
+    ap.add_argument("--results", type=Path, required=True)
+    ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting batch sizes after this long")
+    args = ap.parse_args()
+
+    import torch
+    import triton
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
+        get_config_file_name,
+        get_default_config,
+    )
+
+    from bench_kernels import bench
+
+    publish_runtime_context("cuda")
+    cfg = json.loads(args.config.read_text())
+    device = torch.cuda.get_device_name()
+    results, t0 = [], time.time()
+    for tp in map(int, args.tp.split(",")):
+        E, N, K, topk = expert_shapes(cfg, tp, args.experts)
+        w1, s1, w2, s2 = quantized_experts(E, N, K)
+        path = args.out_configs / get_config_file_name(E, N, "fp8_w8a8", [BLOCK, BLOCK])
+        for M in map(int, args.m.split(",")):
+            if time.time() - t0 > args.deadline_s:
+                print(f"E={E} N={N} M={M}: skipped, past the deadline", flush=True)
+                continue
+            x, weights, ids = routed_tokens(M, E, K, topk)
+            experts = w1, s1, w2, s2
+
+            def run(launch):
+                return experts_with(launch, x, weights, ids, *experts)
+
+            own = run(None).float()
+            ref = reference(x, weights, ids, *experts)
+            own_err = ((own - ref).norm() / ref.norm()).item()
+            assert own_err < 0.1, f"E={E} N={N} M={M}: SGLang's own launch is {own_err:.1e} from float32"
+            base = bench(lambda: run(None), rep=30)
+            # SGLang takes the entry nearest a batch, so a batch where its default wins is written too
+            own_launch = get_default_config(M, E, N, K, topk, "fp8_w8a8", False, [BLOCK, BLOCK])
+            best = (base, own_launch)
+            for launch in candidates(M):
+                try:
+                    diff = ((run(launch).float() - own).norm() / own.norm()).item()
+                    if not diff < 1e-2:
+                        print(f"  E={E} N={N} M={M} {launch}: WRONG ({diff:.1e} from SGLang's launch)", flush=True)
+                        continue
+                    t = bench(lambda: run(launch), rep=30)
+                except Exception as exc:  # a launch Triton cannot build here is no candidate
+                    print(f"  E={E} N={N} M={M} {launch}: {type(exc).__name__}", flush=True)
+                    continue
+                if t < best[0]:
+                    best = (t, launch)
+            experts_read = len(set(ids.flatten().tolist()))
+            nbytes = experts_read * 3 * N * K  # FP8 weights of the experts the batch reads dominate
+            results.append(dict(E=E, N=N, K=K, topk=topk, tp=tp, M=M, experts_read=experts_read,
+                                sglang_us=base * 1e6, sglang_config=own_launch, tuned_us=best[0] * 1e6, tuned_config=best[1],
+                                speedup=base / best[0], tuned_tbps=nbytes / best[0] / 1e12, sglang_err=own_err))
+            # merged into the file at once: a run cut short keeps what it found
+            merged = {**(json.loads(path.read_text()) if path.exists() else {}), str(M): best[1]}
+            path.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n")
+            print(f"E={E} N={N} K={K} M={M} ({experts_read} experts read): SGLang {base * 1e6:.1f} us, tuned "
+                  f"{best[0] * 1e6:.1f} us ({base / best[0]:.2f}x, {nbytes / best[0] / 1e12:.2f} TB/s) "
+                  f"[t={time.time() - t0:.0f}s]", flush=True)
+            args.results.write_text(json.dumps(dict(device=device, triton=triton.__version__, results=results),
+                                               indent=1))
+        del w1, s1, w2, s2
+    print(f"done in {time.time() - t0:.0f}s: {args.results}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
