@@ -537,7 +537,14 @@ def deepgemm_tables(ceil):
         runs = [(name, terms, 1e-3 if terms != 1 else 6e-2) for name, terms in impls]
         for name, terms, tol in runs + ([("deepgemm", None, 5e-2)] if have_dg else []):
             if terms is None:
-                got = peer(*quantize_q_fp8(q, w), k_cache, pt, kl)()[:, : ref.shape[1]]
+                args = (*quantize_q_fp8(q, w), k_cache, pt, kl)
+                try:
+                    got = peer(*args)()[:, : ref.shape[1]]
+                except Exception as exc:  # e.g. 0.2.1's `t.is_cuda()` assert (session 18): say what it was handed
+                    handed = ", ".join(f"{t.dtype} {tuple(t.shape)} on {t.device}" for t in args)
+                    check(f"peer: deepgemm callable, {what}", False, f"{type(exc).__name__}: {exc}; handed {handed}")
+                    have_dg = False
+                    break
             else:
                 got = torch.zeros(q.shape[0], ref.shape[1], device="cuda")
                 ours(q, w, k_cache, pt, qr, kl, got, terms)()
