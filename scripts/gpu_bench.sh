@@ -1,67 +1,44 @@
 #!/usr/bin/env bash
-# Issues 29, 30 and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says).
-# The device tool brings back 8 files at most, so each run packs its whole output into $OUT/NAME.tgz.
-#   bash scripts/gpu_bench.sh shapes   # bench_mtp: plain vs EAGLE 1/2, 2/3, 3/4, 5/6 and 3/4 without
-#                                      # overlap, batch 1/8/32, glm5-geometry-carry (needs .gpu/models;
-#                                      # SHAPES_CONFIGS="eagle_3_4 ..." serves only those beside plain)
-#   bash scripts/gpu_bench.sh rounds   # profile_decode: GLM-5.2-shaped round by phase (batch 1/32),
-#                                      # the plain step, and the round with index share off
-#   bash scripts/gpu_bench.sh overlap  # profile_decode: glm5-geometry-carry's EAGLE 3/4 round at batch 1/8 with
-#                                      # SGLang's overlap scheduler on and off, then on with Python stacks
-#                                      # (needs .gpu/models)
-#   bash scripts/gpu_bench.sh peer     # issue 30: SGLang's own GLM-DSA path (FlashMLA, no plugin) against the
-#                                      # plugin on the GLM-5.2-shaped model, BF16 and FP8 KV, decode b1/b32 and a
-#                                      # 32K prefill; needs .gpu/peer/sgl_flash_mla-1.0.0-*.whl (`pip download
-#                                      # --no-deps sgl-flash-mla==1.0.0`, 9.9 MB; the device has no registry);
-#                                      # with .gpu/deepgemm/sgl_deep_gemm-0.2.1-*.whl (5.4 MB; `pip download --no-deps
-#                                      # --only-binary=:all: -d .gpu/deepgemm sgl-deep-gemm==0.2.1`) the peer's indexer
-#                                      # runs on DeepGEMM, as on a Hopper deployment (else on SGLang's torch
-#                                      # fall-back). Both wheels and .gpu's 47 MiB pass the 64 MiB carry only
-#                                      # with .gpu/whl/jedi-*.whl (an ipython dependency no server imports) held out.
-#                                      # PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" serves
-#                                      # those configs instead, each on both sides (default: indexcache decode
-#                                      # b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin
-#                                      # side runs with FlashMLA on (SGLANG_GLM_FLASHMLA=1 and the wheel)
-#   bash scripts/gpu_bench.sh ingraph  # before/after in one run, before = .gpu/before_tree (a plugin tree, e.g.
-#                                      # `git archive main sglang_glm kernels pyproject.toml README.md`):
-#                                      # bench_host_metadata, then bench_gpu on the GLM-5.2-shaped model,
-#                                      # plain and EAGLE 3/4 decode at batch 1 and 32, each config on both
-#                                      # (INGRAPH_CONFIGS="eagle_3_4" runs only those)
-#   bash scripts/gpu_bench.sh prefill  # breakable prefill graphs: plain and EAGLE 3/4 with and without them
-#                                      # on glm5-geometry-carry, batch 1/8/32 (speedups against plain with
-#                                      # them; needs .gpu/models), then
-#                                      # a 4K and 32K prefill on the GLM-5.2-shaped model with and without
-#   bash scripts/gpu_bench.sh ingraph_mtp  # the same before/after on glm5-geometry-carry's held-out text:
-#                                      # plain, EAGLE 3/4 before and after, batch 1/8 (needs .gpu/models)
-#   bash scripts/gpu_bench.sh tokenmap # issue 29: EAGLE 3/4 with and without a 32768-id --speculative-token-map
-#                                      # (the draft's LM head cut to a fifth of GLM's vocabulary) against plain
-#                                      # decode, GLM-5.2-shaped model, batch 1 and 32 (GLM52_LAYERS=12: a deeper
-#                                      # proxy; GLM52_EXPERTS=64: fewer routed experts a layer, so e.g. 40 layers
-#                                      # fit, a deep proxy for batch 1 (make_glm52_shaped.py says what it keeps);
-#                                      # TOKENMAP_WORKLOADS=decode_b1: batch 1 only; TOKENMAP_CONFIGS: the servers)
-#   bash scripts/gpu_bench.sh topk     # before/after of the top-k select, before = .gpu/before_tree as for ingraph:
-#                                      # compare_versions on batch 1 and 8 rows of 4K keys in 202752-wide
-#                                      # logits (decode graphs' width) and 8 full-width rows (every chunk used),
-#                                      # then bench_gpu plain decode at batch 1/8 on the GLM-5.2-shaped model
-#   bash scripts/gpu_bench.sh flashmla # issue 30 item 4, FlashMLA behind glm_dsa_triton: bench_kernels' peers section
-#                                      # (FlashMLA vs the Triton kernel per shape, checked against float64), then the
-#                                      # GLM-5.2-shaped model served with the wheel (@flashmla) and without (Triton):
-#                                      # FP8 KV decode b1/b32, then BF16 KV 32K prefill as time allows; needs
-#                                      # .gpu/peer/sgl_flash_mla-1.0.0-*.whl (as `peer`); with .gpu/deepgemm's
-#                                      # wheel the kernel section also times DeepGEMM's indexer logits
-#   bash scripts/gpu_bench.sh indexer  # sweep.py's indexer sweeps (decode, prefill, verify), the e4m3-dot
-#                                      # candidates (IndexerConfig.q_terms) beside the fp16-dot shapes
-#   bash scripts/gpu_bench.sh gemm     # tune_fp8_gemm.py: SGLang's block-FP8 GEMM tuned for the GLM-5.2-shaped
-#                                      # model's linears (GEMM_TP=1, batch GEMM_M=1,16,64), the configs in
-#                                      # $WORK/gemm_configs (commit them to sglang_glm/gemm_configs/), then plain
-#                                      # decode b1/b32 with them (@gemm) and without, one run
-#   bash scripts/gpu_bench.sh moe      # tune_fused_moe.py: SGLang's fused MoE kernel tuned for the GLM-5.2-shaped
-#                                      # model's routed experts (MOE_TP=1, batch MOE_M=1,4,8,16,32,64,128), the
-#                                      # configs in $WORK/moe_configs (commit them to sglang_glm/moe_configs/), then
-#                                      # plain decode b1/b32 and EAGLE 3/4 b1 with them (@moe) and without, one run
-#                                      # (gemm and moe: *_TUNE=0 serves the shipped configs, SERVE=0 only tunes)
-#   bash scripts/gpu_bench.sh cold     # cold_start: a fresh server's first 32K prompt vs the next ten,
-#                                      # BF16 and FP8 KV, start-up by phase, a second start (issue 31)
+# Issues 29, 30 and 31's GPU benchmarks on the H200 with real SGLang 0.5.23 (set up as scripts/run_gpu_suite.sh says):
+#   bash scripts/gpu_bench.sh MODE     # packs its whole output into $OUT/MODE.tgz (the device returns 8 files at most)
+#
+# mode         issue  what runs; model: G = GLM-5.2-shaped (make_glm52_shaped.py), C = glm5-geometry-carry (.gpu/models)
+# shapes       29     bench_mtp, C: plain vs EAGLE 1/2, 2/3, 3/4, 5/6, 3/4 without overlap, batch 1/8/32
+#                     [SHAPES_CONFIGS="eagle_3_4 ..." serves only those beside plain; REPEATS]
+# rounds       29     profile_decode, G: the EAGLE 3/4 round by phase at batch 1/32, the plain step, share off
+# overlap      29     profile_decode, C: the EAGLE 3/4 round at batch 1/8, overlap on and off, then with stacks
+# prefill      29     bench_mtp, C: plain and EAGLE 3/4 with and without breakable prefill graphs, batch 1/8/32;
+#                     then a 4K and 32K prefill, G, with and without them
+# tokenmap     29     bench_gpu, G: EAGLE 3/4 with and without a 32768-id --speculative-token-map against plain
+#                     [GLM52_LAYERS, GLM52_EXPERTS (e.g. 40 and 64: a deep proxy), TOKENMAP_WORKLOADS, TOKENMAP_CONFIGS]
+# ingraph      29,31  before/after: bench_host_metadata, then bench_gpu, G, plain and EAGLE 3/4 decode b1/b32
+#                     [INGRAPH_CONFIGS]
+# ingraph_mtp  29     the same before/after, C, held-out text, batch 1/8
+# peer         30     bench_gpu + peer_report, G: SGLang's own GLM-DSA path (no plugin) against the plugin, one run
+#                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
+#                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA]
+# flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
+#                     shape, each checked against float64), then G served with FlashMLA (@flashmla) and without
+# indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
+# topk         31     before/after of the top-k select: compare_versions on 1 and 8 rows, then G plain decode b1/b8
+# gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
+#                     the configs (@gemm) and without (@nogemm)
+# moe          29,31  tune_fused_moe.py on G's routed experts [MOE_TP, MOE_M=1,4,8,16,32,64,128], then G plain
+#                     decode b1/b32 and EAGLE 3/4 b1 with the configs (@moe) and without (@nomoe)
+#                     [gemm and moe: GEMM_TUNE=0 / MOE_TUNE=0 serves the shipped configs, SERVE=0 only tunes;
+#                     the tuned files come back in $WORK/gemm_configs or moe_configs: commit them to sglang_glm/]
+# cold         31     cold_start, G: a fresh server's first 32K prompt vs the next ten, BF16 and FP8 KV, start-up
+#                     by phase, a second start on a warm Triton cache
+# BENCH_TIMEOUT: seconds for the serving part (all but rounds, overlap, prefill, tokenmap); gemm, moe: TUNE_TIMEOUT too.
+#
+# What the modes need beside the tree and .gpu/ (../shared/gpu/prepare.sh):
+# - C: .gpu/models/*.tar.xz (the carry model).
+# - before/after modes (ingraph, ingraph_mtp, topk): .gpu/before_tree, a plugin tree, e.g.
+#   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.
+# - peer, flashmla: .gpu/peer/sgl_flash_mla-1.0.0-*.whl (9.9 MB; `pip download --no-deps sgl-flash-mla==1.0.0`,
+#   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-0.2.1-*.whl (5.4 MB) for SGLang's DeepGEMM
+#   indexer (else its torch fall-back). Both wheels and .gpu pass the 64 MiB carry only with .gpu/whl/jedi-*.whl
+#   held out (`scripts/device_tree.sh out`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
