@@ -24,7 +24,7 @@ GLM_INDEXER = "glm"  # the plugin's `GlmDsaIndexer`, which asks the backend (`Ds
 SGLANG_INDEXER = "sglang"  # SGLang's CUDA `Indexer` (FP8 index-K pool only its own indexer writes)
 
 # Launch key: the MTP draft's prefill pass (its draft-extend over the prompt) replays SGLang's
-# breakable prefill graphs; off by default until the GPU suite has served it.
+# breakable prefill graphs; the GPU suite served it (session 18), off by default until its speed is measured.
 DRAFT_PREFILL_GRAPHS = "mtp_draft_prefill_graphs"
 
 # MoE routing fields SGLang's DeepseekV2MoE reads and transformers' GlmMoeDsaConfig omits.

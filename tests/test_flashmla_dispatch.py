@@ -151,7 +151,7 @@ def test_triton_unless_the_launch_opts_in(fake, triton_calls, monkeypatch):
     fm.flashmla_on.cache_clear()
     backend = _backend(_fp8_pool())
     assert backend.flashmla.describe(64, True) == (
-        "sparse MLA on Triton (FlashMLA not used: opt-in until the GPU suite has run it: SGLANG_GLM_FLASHMLA=1)")
+        "sparse MLA on Triton (FlashMLA not used: opt-in until its served speed is measured: SGLANG_GLM_FLASHMLA=1)")
     _attend(backend, 1, 64)
     assert len(triton_calls) == 1 and not fake.calls
     fm.flashmla_on.cache_clear()
