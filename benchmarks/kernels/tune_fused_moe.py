@@ -5,11 +5,12 @@ GLM-DSA servers).
 
 SGLang 0.5.23 ships H200 files for other models' (E, N) only; the GLM-5.2-shaped model on one GPU
 (E = 256, N = 2048) runs its one default launch (64-row token tiles, 128-wide weight tiles, 3 stages)
-at every batch. A batch-1 decode gives each of its 8 experts one token, a 4-token verify about 30
-experts one token each, so the kernel is a weight read: 64-row tiles leave 63 of 64 rows empty, and
-SGLang turns on its SM90 swapped-operand path only for tiles under 64 rows (`should_enable_swap_ab`).
-The verify's expert read is the largest single part of an MTP round on the GLM-5.2-shaped model
-(session 15's round profile: `fused_moe_kernel` 1.79 of 9.14 ms).
+at every batch, and SGLang turns on its SM90 swapped-operand path only for tiles under 64 rows
+(`should_enable_swap_ab`). The experts are most of what an MTP round costs there (session 15's round
+profile: `fused_moe_kernel` 1.79 of 9.14 ms at batch 1, 16.6 of 26.8 ms at batch 32, where the verify's
+128 tokens read nearly all 256 experts), but the default launch already streams them at about 3.7 and
+4.1 TB/s by that profile's byte counts (uniform routing), so this looks for the last 10-20%, most likely
+at the batches between.
 
 For each (E, N, K, top-k) the config gives at the tensor-parallel sizes asked, and each batch M:
 every candidate launch is checked against SGLang's own launch on the same inputs (same quantization,
