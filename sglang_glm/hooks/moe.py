@@ -10,8 +10,8 @@ TUNED = Path(__file__).resolve().parents[1] / "moe_configs"  # made by benchmark
 
 
 def _glm_moe_configs(original, E, N, dtype, block_n=0, block_k=0, per_channel_quant=False, down_moe=False):
-    # SGLang ships H200 files for other models' (E, N) only and otherwise runs one default launch whose
-    # 64-row token tiles are nearly empty at decode and verify batches (an expert sees a token or two)
+    # SGLang ships H200 files for other models' (E, N) only and otherwise runs one default launch for
+    # every batch, although an expert sees a token or two at decode and verify batches
     import torch
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_config_file_name
 
