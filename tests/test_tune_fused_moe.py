@@ -57,7 +57,7 @@ from sglang_glm.cpu_compat.ops import bind_interpreted_moe_align; bind_interpret
 import tune_fused_moe as tune
 from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe_triton_config
 fused_moe_triton_config.get_device_name = lambda: "NVIDIA H200"  # SGLang names its config file by GPU
-tune.publish_runtime_context("cpu")
+tune.publish_runtime_context("cpu", "tune_fused_moe")
 E, N, K, topk, M = 8, 256, 256, 2, 3
 experts = tune.quantized_experts(E, N, K, device="cpu")
 x, weights, ids = tune.routed_tokens(M, E, K, topk, device="cpu")

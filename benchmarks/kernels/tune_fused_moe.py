@@ -140,14 +140,14 @@ def experts_with(launch: dict | None, x, weights, ids, w1, s1, w2, s2):
                                   block_shape=[BLOCK, BLOCK])
 
 
-def publish_runtime_context(device: str) -> None:
+def publish_runtime_context(device: str, model_path: str) -> None:
     """SGLang reads its runtime context inside the MoE path (deterministic mode, the tensor-parallel
     group its symmetric-memory switch names): publish its defaults, as a server does from its
     arguments, and no group (one process, one GPU)."""
     from sglang.srt.runtime_context import get_context, get_parallel
     from sglang.srt.server_args import ServerArgs
 
-    get_context().set_server_args(ServerArgs(model_path="tune_fused_moe", device=device))
+    get_context().set_server_args(ServerArgs(model_path=model_path, device=device))
     get_parallel().override_permanently(tp_group=None)
 
 
@@ -172,7 +172,7 @@ def main() -> None:
 
     from bench_kernels import bench
 
-    publish_runtime_context("cuda")
+    publish_runtime_context("cuda", str(args.config.parent))
     cfg = json.loads(args.config.read_text())
     device = torch.cuda.get_device_name()
     results, t0 = [], time.time()
