@@ -23,8 +23,9 @@
 # topk         31     before/after of the top-k select: compare_versions on 1 and 8 rows, then G plain decode b1/b8
 # gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
 #                     the configs (@gemm) and without (@nogemm)
-# moe          29,31  tune_fused_moe.py on G's routed experts [MOE_TP, MOE_M=1,4,8,16,32,64,128], then G plain
-#                     decode b1/b32 and EAGLE 3/4 b1 with the configs (@moe) and without (@nomoe)
+# moe          29,31  tune_fused_moe.py on G's routed experts [MOE_TP, MOE_M=1,4,32,128,8,16,64], then G plain
+#                     decode and EAGLE 3/4 b1/b32 with the configs (@moe) and without (@nomoe) (4 servers:
+#                     in one 10-minute call only with the default timeouts; or SERVE=0, then MOE_TUNE=0)
 #                     [gemm and moe: GEMM_TUNE=0 / MOE_TUNE=0 serves the shipped configs, SERVE=0 only tunes;
 #                     the tuned files come back in $WORK/gemm_configs or moe_configs: commit them to sglang_glm/]
 # cold         31     cold_start, G: a fresh server's first 32K prompt vs the next ten, BF16 and FP8 KV, start-up
@@ -173,8 +174,9 @@ case "$1" in
       tune_on=${GEMM_TUNE:-1} results=fp8_gemm_tuning.json runs="indexcache:decode_b1,decode_b32"
       tuner="../../kernels/tune_fp8_gemm.py --tp ${GEMM_TP:-1} --m ${GEMM_M:-1,16,64}"
     else
-      tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1"
-      tuner="../../kernels/tune_fused_moe.py --tp ${MOE_TP:-1} --m ${MOE_M:-1,4,8,16,32,64,128}"
+      # batches in order of use: decode and verify at batch 1, then at 32 (the files grow batch by batch)
+      tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1,decode_b32"
+      tuner="../../kernels/tune_fused_moe.py --tp ${MOE_TP:-1} --m ${MOE_M:-1,4,32,128,8,16,64}"
     fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     mkdir -p "$WORK/$dir" && cp ../../../sglang_glm/$dir/*.json "$WORK/$dir/" 2>/dev/null
