@@ -180,10 +180,17 @@ case "$1" in
     fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     mkdir -p "$WORK/$dir" && cp ../../../sglang_glm/$dir/*.json "$WORK/$dir/" 2>/dev/null
-    # GEMM_TUNE=0 / MOE_TUNE=0: serve the tree's shipped configs without tuning; SERVE=0: tune only
-    { [ "$tune_on" = 1 ] && limit "${TUNE_TIMEOUT:-260}" python3 $tuner --config /tmp/glm52/config.json \
-        --out-configs "$WORK/$dir" --results "$WORK/$results" --deadline-s $((${TUNE_TIMEOUT:-260} - 40))
-      if [ "${SERVE:-1}" = 1 ]; then
+    # GEMM_TUNE=0 / MOE_TUNE=0: serve the tree's shipped configs without tuning; SERVE=0: tune only.
+    # The mode exits with the worst status of its steps; with no config files it serves nothing.
+    worst=0
+    { if [ "$tune_on" = 1 ]; then
+        limit "${TUNE_TIMEOUT:-260}" python3 $tuner --config /tmp/glm52/config.json --out-configs "$WORK/$dir" \
+          --results "$WORK/$results" --deadline-s $((${TUNE_TIMEOUT:-260} - 40)) || worst=$?
+      fi
+      if [ "${SERVE:-1}" = 1 ] && ! ls "$WORK/$dir"/*.json > /dev/null 2>&1; then
+        echo "no $dir files to serve: the @$kind and @no$kind servers would be the same"
+        [ "$worst" = 0 ] && worst=1
+      elif [ "${SERVE:-1}" = 1 ]; then
         for side in $kind no$kind; do
           python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_$side ../../..
           mkdir -p /tmp/plugin_$side/sglang_glm/$dir && rm -f /tmp/plugin_$side/sglang_glm/$dir/*.json
@@ -191,9 +198,11 @@ case "$1" in
         cp "$WORK/$dir"/*.json /tmp/plugin_$kind/sglang_glm/$dir/
         limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
           --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin $kind=/tmp/plugin_$kind --plugin no$kind=/tmp/plugin_no$kind \
-          $(for r in $runs; do echo --run "${r%%:*}@$kind:${r#*:}" --run "${r%%:*}@no$kind:${r#*:}"; done)
+          $(for r in $runs; do echo --run "${r%%:*}@$kind:${r#*:}" --run "${r%%:*}@no$kind:${r#*:}"; done) || worst=$?
         grep -h "block-FP8 GEMM\|fused MoE" "$WORK"/server_*.log | sort | uniq -c
-      fi; } 2>&1 | tee "$WORK/$kind.log" ;;
+      fi
+      echo "exit $worst" > "$WORK/$kind.status"; } 2>&1 | tee "$WORK/$kind.log"
+    exit "$(cut -d' ' -f2 "$WORK/$kind.status")" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;

@@ -15,8 +15,10 @@ def tuned_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(gemm, "TUNED", tmp_path)
     monkeypatch.setattr(fp8_kernel, "get_device_name", lambda device_id=0: "NVIDIA H200")
     base.tuned_launches.cache_clear()
+    gemm.plugin_configs.cache_clear()
     yield tmp_path
     base.tuned_launches.cache_clear()
+    gemm.plugin_configs.cache_clear()
 
 
 def test_file_name_is_sglangs():
@@ -52,3 +54,5 @@ def test_the_package_ships_only_well_formed_configs():
         for m, cfg in json.loads(path.read_text()).items():
             assert int(m) > 0 and keys <= set(cfg) and 128 % cfg["BLOCK_SIZE_K"] == 0, (path.name, m, cfg)
             assert set(cfg) <= keys | {"SWAP_AB", "SPLIT_K"}, (path.name, m, cfg)
+        # SGLang takes the entry nearest a call's batch: a prefill chunk must not land on a decode launch
+        assert max(map(int, json.loads(path.read_text()))) >= 256, path.name

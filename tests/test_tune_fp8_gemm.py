@@ -49,6 +49,28 @@ def test_quantized_inputs_reference_is_the_dequantized_product():
     assert (a8.float().abs().amax() <= 448) and (w8.float().abs().amax() <= 448)
 
 
+def test_sglang_default_is_the_launch_sglang_runs_without_a_file(monkeypatch):
+    """The tuner writes SGLANG_DEFAULT where SGLang's own launch wins or for prefill anchors: it must be
+    the launch SGLang's block-FP8 GEMM runs for a shape it has no file for."""
+    import torch
+    from sglang.kernels.ops.gemm import fp8_kernel
+
+    seen = {}
+
+    class Capture:
+        def __getitem__(self, grid):
+            return lambda *args, **launch: seen.update(launch)
+
+    monkeypatch.setattr(fp8_kernel, "get_w8a8_block_fp8_configs", lambda *a: None)
+    monkeypatch.setattr(fp8_kernel, "get_platform", lambda: type("NotHopper", (), {"is_sm90": False})())
+    monkeypatch.setattr(fp8_kernel, "select_w8a8_block_fp8_matmul_kernel", lambda M, N, config: Capture())
+    a8, a_s, w8, w_s, _ = tune.quantized_inputs(3, 256, 256, device="cpu")
+    fp8_kernel.w8a8_block_fp8_matmul_triton(a8, w8, a_s, w_s, [tune.BLOCK, tune.BLOCK], torch.bfloat16)
+    assert {k: seen[k] for k in tune.SGLANG_DEFAULT} == tune.SGLANG_DEFAULT
+    assert tune.sglang_launch(None, 4096) == tune.SGLANG_DEFAULT
+    assert tune.sglang_launch({1: {"a": 1}, 64: {"b": 2}}, 40) == {"b": 2}
+
+
 INTERPRETED = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])

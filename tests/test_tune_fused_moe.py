@@ -8,6 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
+import config_files as tune_files  # noqa: E402
 import tune_fused_moe as tune  # noqa: E402
 
 
@@ -88,3 +89,14 @@ def test_candidates_run_through_sglangs_fused_moe():
     lines = [line.rsplit(" ", 1) for line in proc.stdout.strip().splitlines()[-3:]]
     assert lines[0][0] == "sglang" and float(lines[0][1]) < 0.15, proc.stdout
     assert all(float(err) < 1e-3 for _, err in lines[1:]), proc.stdout
+
+
+def test_files_keep_tuned_batches_and_get_sglangs_launch_at_the_anchors(tmp_path):
+    path = tmp_path / "E=8.json"
+    tuned, sglang = {"BLOCK_SIZE_M": 16}, {"BLOCK_SIZE_M": 64}
+    tune_files.merge_into(path, {1: tuned}, [256, 4096], lambda M: dict(sglang, M=M))
+    assert json.loads(path.read_text()) == {"1": tuned, "256": dict(sglang, M=256), "4096": dict(sglang, M=4096)}
+    # a later run tunes 256 and 4: the tuned entry replaces the anchor, the others stay
+    tune_files.merge_into(path, {4: tuned, 256: tuned}, [256, 4096], lambda M: sglang)
+    assert json.loads(path.read_text()) == {"1": tuned, "4": tuned, "256": tuned, "4096": dict(sglang, M=4096)}
+    assert list(json.loads(path.read_text())) == ["1", "4", "256", "4096"]  # sorted by batch

@@ -28,6 +28,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SHIPPED = HERE.parents[1] / "sglang_glm" / "gemm_configs"
 BLOCK = 128  # the checkpoints' weight block (weight_block_size)
+# SGLang 0.5.23's launch for a shape without a config file (w8a8_block_fp8_matmul_triton's inline default)
+SGLANG_DEFAULT = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=BLOCK, BLOCK_SIZE_K=BLOCK, GROUP_SIZE_M=32, num_warps=4, num_stages=3)
+
+
+def sglang_launch(own: dict | None, M: int) -> dict:
+    """The launch SGLang runs at batch M: its file's entry nearest M, else its default."""
+    return own[min(own, key=lambda m: abs(m - M))] if own else SGLANG_DEFAULT
 
 
 def linear_shapes(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
@@ -118,6 +125,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, required=True, help="the model's config.json")
     ap.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes")
     ap.add_argument("--m", default="1,16,64", help="comma list of batch sizes (tokens); SGLang takes the nearest")
+    ap.add_argument("--anchors", default="256", help="batches written with SGLang's own launch where the file "
+                    "has none (config_files.merge_into)")
     ap.add_argument("--only", default="", help="comma list of linear names (default: all)")
     ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
     ap.add_argument("--results", type=Path, required=True)
@@ -128,6 +137,7 @@ def main() -> None:
     from sglang.kernels.ops.gemm import fp8_kernel
 
     from bench_kernels import bench
+    from config_files import merge_into
 
     from sglang_glm.hooks.gemm import config_file_name  # the name SGLang and the plugin's hook look up
 
@@ -155,7 +165,7 @@ def main() -> None:
             def run(launch):
                 return matmul_with(launch, M, *inputs[:4])
 
-            base_cfg = own[min(own, key=lambda m: abs(m - M))] if own else None
+            base_cfg = sglang_launch(own, M)
             base = bench(lambda: run(base_cfg), rep=30)
             best = (base, base_cfg)
             for launch in candidates(M, N, K, sms):
@@ -173,15 +183,13 @@ def main() -> None:
             results.append(dict(N=N, K=K, M=M, linears=names, sglang_us=base * 1e6, sglang_config=base_cfg,
                                 tuned_us=best[0] * 1e6, tuned_config=best[1], speedup=base / best[0],
                                 tuned_tbps=nbytes / best[0] / 1e12))
-            if best[1] is not base_cfg:
-                best_per_m[M] = best[1]
+            best_per_m[M] = best[1]  # SGLang's own where it wins: the nearest entry must not be another batch's
             print(f"N={N} K={K} M={M} ({', '.join(names)}): SGLang {base * 1e6:.1f} us, tuned {best[0] * 1e6:.1f} us "
                   f"({base / best[0]:.2f}x, {nbytes / best[0] / 1e12:.2f} TB/s) [t={time.time() - t0:.0f}s]", flush=True)
             args.results.write_text(json.dumps(dict(device=device, results=results), indent=1))
         if best_per_m:
-            path = args.out_configs / config_file_name(N, K, device, BLOCK, BLOCK)
-            merged = {**(json.loads(path.read_text()) if path.exists() else {}), **{str(m): c for m, c in best_per_m.items()}}
-            path.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n")
+            merge_into(args.out_configs / config_file_name(N, K, device, BLOCK, BLOCK), best_per_m,
+                       [int(m) for m in args.anchors.split(",") if m], lambda M: sglang_launch(own, M))
     print(f"done in {time.time() - t0:.0f}s: {args.results}", flush=True)
 
 

@@ -158,6 +158,8 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=None, help="routed experts a layer (default: the config's)")
     ap.add_argument("--m", default="1,4,8,16,32,64,128", help="comma list of batch sizes (tokens); SGLang "
                     "takes the nearest")
+    ap.add_argument("--anchors", default="256,1024,4096", help="batches written with SGLang's own launch where "
+                    "the file has none (config_files.merge_into)")
     ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting batch sizes after this long")
@@ -167,10 +169,11 @@ def main() -> None:
     import triton
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (
         get_config_file_name,
-        get_default_config,
+        try_get_optimal_moe_config,
     )
 
     from bench_kernels import bench
+    from config_files import merge_into
 
     publish_runtime_context("cuda", str(args.config.parent))
     cfg = json.loads(args.config.read_text())
@@ -180,6 +183,13 @@ def main() -> None:
         E, N, K, topk = expert_shapes(cfg, tp, args.experts)
         w1, s1, w2, s2 = quantized_experts(E, N, K)
         path = args.out_configs / get_config_file_name(E, N, "fp8_w8a8", [BLOCK, BLOCK])
+
+        anchors = [int(m) for m in args.anchors.split(",") if m]
+
+        def sglang_launch(M):  # the up launch SGLang resolves at batch M (its file's entry, else its default)
+            return try_get_optimal_moe_config((E, 2 * N, K), (E, K, N), topk, "fp8_w8a8", M,
+                                              block_shape=[BLOCK, BLOCK])
+
         for M in map(int, args.m.split(",")):
             if time.time() - t0 > args.deadline_s:
                 print(f"E={E} N={N} M={M}: skipped, past the deadline", flush=True)
@@ -195,8 +205,8 @@ def main() -> None:
             own_err = ((own - ref).norm() / ref.norm()).item()
             assert own_err < 0.1, f"E={E} N={N} M={M}: SGLang's own launch is {own_err:.1e} from float32"
             base = bench(lambda: run(None), rep=30)
-            # SGLang takes the entry nearest a batch, so a batch where its default wins is written too
-            own_launch = get_default_config(M, E, N, K, topk, "fp8_w8a8", False, [BLOCK, BLOCK])
+            # SGLang takes the entry nearest a batch, so a batch where its own launch wins is written too
+            own_launch = sglang_launch(M)
             best = (base, own_launch)
             for launch in candidates(M):
                 try:
@@ -215,9 +225,7 @@ def main() -> None:
             results.append(dict(E=E, N=N, K=K, topk=topk, tp=tp, M=M, experts_read=experts_read,
                                 sglang_us=base * 1e6, sglang_config=own_launch, tuned_us=best[0] * 1e6, tuned_config=best[1],
                                 speedup=base / best[0], tuned_tbps=nbytes / best[0] / 1e12, sglang_err=own_err))
-            # merged into the file at once: a run cut short keeps what it found
-            merged = {**(json.loads(path.read_text()) if path.exists() else {}), str(M): best[1]}
-            path.write_text(json.dumps(dict(sorted(merged.items(), key=lambda kv: int(kv[0]))), indent=1) + "\n")
+            merge_into(path, {M: best[1]}, anchors, sglang_launch)  # at once: a run cut short keeps it
             print(f"E={E} N={N} K={K} M={M} ({experts_read} experts read): SGLang {base * 1e6:.1f} us, tuned "
                   f"{best[0] * 1e6:.1f} us ({base / best[0]:.2f}x, {nbytes / best[0] / 1e12:.2f} TB/s) "
                   f"[t={time.time() - t0:.0f}s]", flush=True)

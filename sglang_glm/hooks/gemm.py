@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from sglang_glm.hooks.base import Hook, plugin_backend_in_use, tuned_launches
@@ -14,15 +15,22 @@ def config_file_name(N: int, K: int, device_name: str, block_n: int, block_k: in
     return f"N={N},K={K},device_name={device_name.replace(' ', '_')},dtype=fp8_w8a8,block_shape=[{block_n}, {block_k}].json"
 
 
+@functools.lru_cache(maxsize=None)
+def plugin_configs(N, K, block_n, block_k) -> dict[int, dict] | None:
+    """The plugin's launch table for this GEMM shape on this GPU, or None."""
+    from sglang.kernels.ops.gemm import fp8_kernel
+
+    return tuned_launches(TUNED / config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k),
+                          "block-FP8 GEMM")
+
+
 def _glm_block_fp8_configs(original, N, K, block_n, block_k):
     # SGLang ships tuned configs only for other models' shapes and otherwise runs one default launch
     # (on the H200 at batch 1 about a fifth of the bandwidth on GLM-5.2's projections)
     import torch
-    from sglang.kernels.ops.gemm import fp8_kernel
 
     if plugin_backend_in_use() and not torch._dynamo.is_compiling():
-        found = tuned_launches(TUNED / config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k),
-                               "block-FP8 GEMM")
+        found = plugin_configs(N, K, block_n, block_k)
         if found is not None:
             return found
     return original(N, K, block_n, block_k)
