@@ -20,9 +20,11 @@ def tuned_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(moe, "deterministic", lambda: False)
     monkeypatch.setattr(fused_moe_triton_config, "get_device_name", lambda: "NVIDIA H200")
     base.tuned_launches.cache_clear()
+    base.announce_tuned.cache_clear()
     moe.plugin_configs.cache_clear()
     yield tmp_path
     base.tuned_launches.cache_clear()
+    base.announce_tuned.cache_clear()
     moe.plugin_configs.cache_clear()
 
 
@@ -36,7 +38,7 @@ def test_the_hook_takes_sglangs_lookup_arguments():
     assert [p.default for p in list(hook.parameters.values())[1:]] == [p.default for p in own.parameters.values()]
 
 
-def test_tuned_experts_come_from_the_plugin_only_in_its_processes(tuned_dir, monkeypatch):
+def test_tuned_experts_come_from_the_plugin_only_in_its_processes(tuned_dir, monkeypatch, caplog):
     (tuned_dir / "E=256,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json").write_text(
         json.dumps({"4": CFG}))
     calls = []
@@ -45,8 +47,14 @@ def test_tuned_experts_come_from_the_plugin_only_in_its_processes(tuned_dir, mon
         calls.append((E, N, down_moe))
         return None
 
+    monkeypatch.setattr(moe, "plugin_backend_in_use", lambda: False)  # another model's process, same (E, N)
+    assert moe._glm_moe_configs(sglang_lookup, 256, 2048, "fp8_w8a8", 128, 128) is None
+    assert "tuned launch configs" not in caplog.text
+    calls.clear()
     monkeypatch.setattr(moe, "plugin_backend_in_use", lambda: True)
-    assert moe._glm_moe_configs(sglang_lookup, 256, 2048, "fp8_w8a8", 128, 128) == {4: CFG}
+    with caplog.at_level("INFO"):
+        assert moe._glm_moe_configs(sglang_lookup, 256, 2048, "fp8_w8a8", 128, 128) == {4: CFG}
+    assert caplog.text.count("fused MoE E=256,N=2048,") == 1
     # no `_down` file: the down projection runs the up launch, the pair the tuner timed
     assert moe._glm_moe_configs(sglang_lookup, 256, 2048, "fp8_w8a8", 128, 128, down_moe=True) == {4: CFG}
     assert calls == []

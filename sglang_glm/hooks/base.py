@@ -47,10 +47,15 @@ def plugin_backend_in_use() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def tuned_launches(path: Path, kernel: str) -> dict[int, dict] | None:
+def tuned_launches(path: Path) -> dict[int, dict] | None:
     """The launch configs the plugin ships in `path` ({batch: config}, SGLang's file format), or None
-    where it ships none; one log line per file used, naming the kernel."""
+    where it ships none."""
     if not path.exists():
         return None
-    logger.info("%s %s: the plugin's tuned launch configs", kernel, path.name)
     return {int(m): cfg for m, cfg in json.loads(path.read_text()).items()}
+
+
+@functools.lru_cache(maxsize=None)
+def announce_tuned(kernel: str, file_name: str) -> None:
+    """One log line per tuned file a process hands SGLang."""
+    logger.info("%s %s: the plugin's tuned launch configs", kernel, file_name)

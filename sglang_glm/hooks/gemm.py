@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from sglang_glm.hooks.base import Hook, plugin_backend_in_use, tuned_launches
+from sglang_glm.hooks.base import Hook, announce_tuned, plugin_backend_in_use, tuned_launches
 
 TUNED = Path(__file__).resolve().parents[1] / "gemm_configs"  # made by benchmarks/kernels/tune_fp8_gemm.py
 
@@ -16,12 +16,12 @@ def config_file_name(N: int, K: int, device_name: str, block_n: int, block_k: in
 
 
 @functools.lru_cache(maxsize=None)
-def plugin_configs(N, K, block_n, block_k) -> dict[int, dict] | None:
-    """The plugin's launch table for this GEMM shape on this GPU, or None."""
+def plugin_configs(N, K, block_n, block_k) -> tuple[str, dict[int, dict] | None]:
+    """(file name, the plugin's launch table for this GEMM shape on this GPU, or None)."""
     from sglang.kernels.ops.gemm import fp8_kernel
 
-    return tuned_launches(TUNED / config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k),
-                          "block-FP8 GEMM")
+    name = config_file_name(N, K, fp8_kernel.get_device_name(), block_n, block_k)
+    return name, tuned_launches(TUNED / name)
 
 
 def _glm_block_fp8_configs(original, N, K, block_n, block_k):
@@ -29,10 +29,10 @@ def _glm_block_fp8_configs(original, N, K, block_n, block_k):
     # (on the H200 at batch 1 about a fifth of the bandwidth on GLM-5.2's projections)
     import torch
 
-    if plugin_backend_in_use() and not torch._dynamo.is_compiling():
-        found = plugin_configs(N, K, block_n, block_k)
-        if found is not None:
-            return found
+    name, found = plugin_configs(N, K, block_n, block_k)  # cached: other models' shapes pay only this
+    if found is not None and plugin_backend_in_use() and not torch._dynamo.is_compiling():
+        announce_tuned("block-FP8 GEMM", name)
+        return found
     return original(N, K, block_n, block_k)
 
 
