@@ -27,10 +27,6 @@ class TopkBuffer:
     def capacity(self) -> int:
         return 0 if self._storage is None else self._storage.shape[0]
 
-    @property
-    def device(self) -> torch.device | None:
-        return None if self._storage is None else self._storage.device
-
     def allocate(self, max_tokens: int, device: torch.device | str) -> None:
         """Once, before the first forward (the plugin does it when SGLang builds the runner's backends)."""
         self._storage = torch.full((max_tokens, self.topk), -1, dtype=torch.int32, device=device)

@@ -2,7 +2,7 @@
 
 One `sglang_glm.cpu_compat.launch_server` serves the bundled chat model (glm-dsa-mini-chat: GLM-5
 chat template, special tokens) with `--tool-call-parser glm47 --reasoning-parser glm45`, EAGLE
-at 5 steps, `--kv-cache-dtype fp8_e4m3` and `--max-running-requests 32`. Checked: chat completions
+at 3 steps, `--kv-cache-dtype fp8_e4m3` and `--max-running-requests 32`. Checked: chat completions
 streamed and not, reasoning separated from content exactly where the generated tokens put
 `</think>`, tool calls (auto: the model's own; named and "required": forced; one forced by an
 EBNF grammar in the request) as structured `tool_calls` with JSON arguments and a follow-up turn with the result,

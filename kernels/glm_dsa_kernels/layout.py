@@ -59,7 +59,7 @@ def quantize_mla_rows(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mla_rows(rows: torch.Tensor, kv_lora_rank: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 [N, row bytes] -> [N, kv_lora_rank + rope_dim] in dtype."""
-    n, r, groups = rows.shape[0], kv_lora_rank, num_groups(kv_lora_rank)
+    r, groups = kv_lora_rank, num_groups(kv_lora_rank)
     codes = rows[:, :r].contiguous().view(torch.float8_e4m3fn).to(dtype)
     scale = rows[:, r : r + 4 * groups].contiguous().view(torch.float32).to(dtype)  # [N, groups]
     per_value = scale.repeat_interleave(GROUP, dim=1)[:, :r]

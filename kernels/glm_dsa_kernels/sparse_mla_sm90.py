@@ -17,7 +17,6 @@ consumer still waits for block j + 1. Splits > 1 write fp32 partials that
 `sparse_mla._merge_splits_kernel` merges. H200 results: benchmarks/kernels/results.md.
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (

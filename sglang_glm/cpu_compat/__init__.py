@@ -12,7 +12,7 @@ from sglang_glm.attention.backends import CPU_ENGINE_ENV
 
 STUBS_DIR = Path(__file__).parent / "stubs"
 
-# What SGLang's CPU path needs (see README "Running on CPU"): the CPU engine switch, no
+# What SGLang's CPU path needs (see README "Quick start on a CPU machine"): the CPU engine switch, no
 # torch.compile of the MoE top-k (needs a compiler; tokens are identical), and the stand-in
 # `sgl_kernel` importable in every process SGLang spawns.
 CPU_ENV = {

@@ -174,7 +174,7 @@ def verify_tree_greedy_cpu(
         accept_index[b, 0] = last
         num_accepted = 0
         cur = 0
-        for j in range(1, num_spec):
+        for _ in range(1, num_spec):
             cur = r_next[b][cur]
             want = target[last]
             matched = False
@@ -191,20 +191,6 @@ def verify_tree_greedy_cpu(
                 break
         accept_token_num[b] = num_accepted
         predicts[last] = target[last]
-
-
-def build_draft_decode_metadata_cpu(req_to_token, req_pool_indices, seq_lens, topk, num_steps, pool_len):
-    """Twin of the intel_amx draft-decode table: one req_to_token row per (request, branch) with
-    the request's prefix followed by that branch's draft slots."""
-    bs = len(_ints(seq_lens))
-    out = torch.zeros((bs * topk, pool_len), dtype=req_to_token.dtype, device=req_to_token.device)
-    for b, (rpi, seq_len) in enumerate(zip(_ints(req_pool_indices), _ints(seq_lens))):
-        for j in range(topk):
-            row = out[b * topk + j]
-            row[:seq_len] = req_to_token[rpi, :seq_len]
-            start = seq_len + j * num_steps
-            row[seq_len : seq_len + num_steps] = req_to_token[rpi, start : start + num_steps]
-    return out
 
 
 def bind_interpreted_moe_align() -> None:

@@ -113,7 +113,7 @@ class GlmDsaForCausalLM(nn.Module):
     def load_hub_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         """Load hub tensors (dequantized); the MTP's embedding/head copies must equal the target's."""
         tensors = dict(tensors)
-        for name, own in self._mtp_copies().items():
+        for name in self._mtp_copies():
             copy = tensors.pop(name, None)
             main = tensors["model.embed_tokens.weight" if "embed" in name else "lm_head.weight"]
             if copy is not None and not torch.equal(copy.to(main.dtype), main):
