@@ -14,11 +14,9 @@ def tuned_dir(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gemm, "TUNED", tmp_path)
     monkeypatch.setattr(fp8_kernel, "get_device_name", lambda device_id=0: "NVIDIA H200")
-    base.tuned_launches.cache_clear()
     base.announce_tuned.cache_clear()
     gemm.plugin_configs.cache_clear()
     yield tmp_path
-    base.tuned_launches.cache_clear()
     base.announce_tuned.cache_clear()
     gemm.plugin_configs.cache_clear()
 

@@ -19,11 +19,9 @@ def tuned_dir(tmp_path, monkeypatch):
     monkeypatch.setattr(moe, "TUNED", tmp_path)
     monkeypatch.setattr(moe, "deterministic", lambda: False)
     monkeypatch.setattr(fused_moe_triton_config, "get_device_name", lambda: "NVIDIA H200")
-    base.tuned_launches.cache_clear()
     base.announce_tuned.cache_clear()
     moe.plugin_configs.cache_clear()
     yield tmp_path
-    base.tuned_launches.cache_clear()
     base.announce_tuned.cache_clear()
     moe.plugin_configs.cache_clear()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "kernels"))
-import config_files as tune_files  # noqa: E402
+import tuning as tune_files  # noqa: E402
 import tune_fused_moe as tune  # noqa: E402
 
 
@@ -100,3 +100,26 @@ def test_files_keep_tuned_batches_and_get_sglangs_launch_at_the_anchors(tmp_path
     tune_files.merge_into(path, {4: tuned, 256: tuned}, [256, 4096], lambda M: sglang)
     assert json.loads(path.read_text()) == {"1": tuned, "4": tuned, "256": tuned, "4096": dict(sglang, M=4096)}
     assert list(json.loads(path.read_text())) == ["1", "4", "256", "4096"]  # sorted by batch
+
+
+def test_the_fastest_correct_launch_wins(monkeypatch):
+    """tuning.fastest_launch: a wrong launch and one that fails to build are skipped, however fast; SGLang's
+    own launch stays unless a correct one beats it."""
+    import types
+
+    import torch
+
+    want = torch.ones(4)
+    outputs = {"right": want + 1e-4, "wrong": want * 2, "slow": want}
+    times = {"right": 1.0, "wrong": 0.1, "slow": 5.0, "broken": 0.1}
+
+    def run(launch):
+        if launch == "broken":
+            raise RuntimeError("no build")
+        return outputs[launch]
+
+    monkeypatch.setitem(sys.modules, "bench_kernels", types.SimpleNamespace(
+        bench=lambda fn, rep: times[next(k for k, v in outputs.items() if fn() is v)]))
+    assert tune_files.fastest_launch(run, ["wrong", "broken", "slow", "right"], (2.0, "own"), want, 1e-2, "x") \
+        == (1.0, "right")
+    assert tune_files.fastest_launch(run, ["wrong", "broken", "slow"], (2.0, "own"), want, 1e-2, "x") == (2.0, "own")

@@ -126,7 +126,7 @@ def main() -> None:
     ap.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes")
     ap.add_argument("--m", default="1,16,64", help="comma list of batch sizes (tokens); SGLang takes the nearest")
     ap.add_argument("--anchors", default="256", help="batches written with SGLang's own launch where the file "
-                    "has none (config_files.merge_into)")
+                    "has none (tuning.merge_into)")
     ap.add_argument("--only", default="", help="comma list of linear names (default: all)")
     ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
     ap.add_argument("--results", type=Path, required=True)
@@ -137,7 +137,7 @@ def main() -> None:
     from sglang.kernels.ops.gemm import fp8_kernel
 
     from bench_kernels import bench
-    from config_files import merge_into
+    from tuning import fastest_launch, merge_into
 
     from sglang_glm.hooks.gemm import config_file_name  # the name SGLang and the plugin's hook look up
 
@@ -167,19 +167,7 @@ def main() -> None:
 
             base_cfg = sglang_launch(own, M)
             base = bench(lambda: run(base_cfg), rep=30)
-            best = (base, base_cfg)
-            for launch in candidates(M, N, K, sms):
-                try:
-                    err = ((run(launch).float() - ref).norm() / ref.norm()).item()
-                    if not err < 1e-2:
-                        print(f"  N={N} K={K} M={M} {launch}: WRONG (rel err {err:.1e})", flush=True)
-                        continue
-                    t = bench(lambda: run(launch), rep=30)
-                except Exception as exc:  # a launch Triton cannot build here is no candidate
-                    print(f"  N={N} K={K} M={M} {launch}: {type(exc).__name__}", flush=True)
-                    continue
-                if t < best[0]:
-                    best = (t, launch)
+            best = fastest_launch(run, candidates(M, N, K, sms), (base, base_cfg), ref, 1e-2, f"N={N} K={K} M={M}")
             results.append(dict(N=N, K=K, M=M, linears=names, sglang_us=base * 1e6, sglang_config=base_cfg,
                                 tuned_us=best[0] * 1e6, tuned_config=best[1], speedup=base / best[0],
                                 tuned_tbps=nbytes / best[0] / 1e12))

@@ -15,7 +15,7 @@ at the batches between.
 For each (E, N, K, top-k) the config gives at the tensor-parallel sizes asked, and each batch M:
 every candidate launch is checked against SGLang's own launch on the same inputs (same quantization,
 so only the summation order may differ), SGLang's own against a float32 reference, then each is timed
-by CUDA-graph replay after an L2 eviction (bench_kernels.bench); the fastest is kept if it beats
+by CUDA-graph replay after an L2 eviction (tuning.fastest_launch); the fastest is kept if it beats
 SGLang's choice. Routing is uniform over the experts (distinct per token), as the random-weight model's.
 
     python3 make_glm52_shaped.py /tmp/glm52      # (benchmarks/serving/gpu) for the config
@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--m", default="1,4,8,16,32,64,128", help="comma list of batch sizes (tokens); SGLang "
                     "takes the nearest")
     ap.add_argument("--anchors", default="256,1024,4096", help="batches written with SGLang's own launch where "
-                    "the file has none (config_files.merge_into)")
+                    "the file has none (tuning.merge_into)")
     ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting batch sizes after this long")
@@ -173,7 +173,7 @@ def main() -> None:
     )
 
     from bench_kernels import bench
-    from config_files import merge_into
+    from tuning import fastest_launch, merge_into
 
     publish_runtime_context("cuda", str(args.config.parent))
     cfg = json.loads(args.config.read_text())
@@ -207,19 +207,7 @@ def main() -> None:
             base = bench(lambda: run(None), rep=30)
             # SGLang takes the entry nearest a batch, so a batch where its own launch wins is written too
             own_launch = sglang_launch(M)
-            best = (base, own_launch)
-            for launch in candidates(M):
-                try:
-                    diff = ((run(launch).float() - own).norm() / own.norm()).item()
-                    if not diff < 1e-2:
-                        print(f"  E={E} N={N} M={M} {launch}: WRONG ({diff:.1e} from SGLang's launch)", flush=True)
-                        continue
-                    t = bench(lambda: run(launch), rep=30)
-                except Exception as exc:  # a launch Triton cannot build here is no candidate
-                    print(f"  E={E} N={N} M={M} {launch}: {type(exc).__name__}", flush=True)
-                    continue
-                if t < best[0]:
-                    best = (t, launch)
+            best = fastest_launch(run, candidates(M), (base, own_launch), own, 1e-2, f"E={E} N={N} M={M}")
             experts_read = len(set(ids.flatten().tolist()))
             nbytes = experts_read * 3 * N * K  # FP8 weights of the experts the batch reads dominate
             results.append(dict(E=E, N=N, K=K, topk=topk, tp=tp, M=M, experts_read=experts_read,

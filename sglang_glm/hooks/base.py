@@ -46,10 +46,9 @@ def plugin_backend_in_use() -> bool:
         return False
 
 
-@functools.lru_cache(maxsize=None)
 def tuned_launches(path: Path) -> dict[int, dict] | None:
     """The launch configs the plugin ships in `path` ({batch: config}, SGLang's file format), or None
-    where it ships none."""
+    where it ships none (read once per lookup by the hooks' own caches)."""
     if not path.exists():
         return None
     return {int(m): cfg for m, cfg in json.loads(path.read_text()).items()}
