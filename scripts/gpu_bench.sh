@@ -18,7 +18,9 @@
 #                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
 #                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA]
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
-#                     shape, each checked against float64), then G served with FlashMLA (@flashmla) and without
+#                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
+#                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k fp8_kv:decode_b64":
+#                     the shapes its dispatch table gives FlashMLA at 64 heads]
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31     before/after of the top-k select: compare_versions on 1 and 8 rows, then G plain decode b1/b8
 # gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
@@ -82,12 +84,17 @@ case "$1" in
       limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
+    rm -rf /tmp/site_peer  # a machine kept warm still holds the last call's packages (--target adds, never removes)
     python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
       ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
-    # a deep_gemm that fails to import is worse than none: SGLang then drops its GLM-DSA model classes
-    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 -c "import deep_gemm" \
-        > "$WORK/deep_gemm_import.log" 2>&1; then
-      tail -5 "$WORK/deep_gemm_import.log"; echo "deep_gemm does not import: the peer's indexer runs on torch"
+    # a deep_gemm that fails to import or to run is worse than none: SGLang then drops its GLM-DSA
+    # model classes, or its indexer asserts at the first prefill (0.2.1's `t.is_cuda()` on CUDA
+    # tensors: built against another torch's tensor layout); one tiny call tells
+    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 -c "
+import torch, deep_gemm
+deep_gemm.get_paged_mqa_logits_metadata(torch.ones(4, 1, dtype=torch.int32, device='cuda'), 64, deep_gemm.get_num_sms())" \
+        > "$WORK/deep_gemm_probe.log" 2>&1; then
+      tail -2 "$WORK/deep_gemm_probe.log"; echo "deep_gemm does not run here: the peer's indexer runs on torch"
       rm -rf /tmp/site_peer/deep_gemm
     fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
@@ -158,13 +165,14 @@ case "$1" in
     # DeepGEMM FP8 GEMMs (and their minutes-long precompile) for the plugin's linears too
     [ -n "$DEEPGEMM_WHL" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_dg \
       "../../../$DEEPGEMM_WHL"
-    { PYTHONPATH=/tmp/plugin_flashmla:/tmp/site_dg:$PYTHONPATH limit 210 python3 ../../kernels/bench_kernels.py \
-        --out-dir "$WORK/kernels" --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
+    { [ "${FLASHMLA_KERNELS:-1}" = 1 ] && PYTHONPATH=/tmp/plugin_flashmla:/tmp/site_dg:$PYTHONPATH limit 210 \
+        python3 ../../kernels/bench_kernels.py --out-dir "$WORK/kernels" \
+        --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
       limit "${BENCH_TIMEOUT:-400}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
-        --run fp8_kv@flashmla:decode_b1,decode_b32 --run fp8_kv:decode_b1,decode_b32 \
-        --run indexcache@flashmla:prefill_32k --run indexcache:prefill_32k
+        $(for r in ${FLASHMLA_RUNS:-indexcache:prefill_32k fp8_kv:decode_b64}; do
+            echo --run "${r%%:*}@flashmla:${r#*:}" --run "${r%%:*}:${r#*:}"; done)
       grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
   gemm|moe)
     # tune SGLang's block-FP8 GEMM (gemm) or its fused MoE kernel (moe) for the GLM-5.2-shaped model, then

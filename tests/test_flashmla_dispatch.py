@@ -22,8 +22,9 @@ TOPK, POOL = 128, 1024  # pool rows: a multiple of the FP8 pool's 64-token pages
 @pytest.mark.parametrize(
     "tokens, heads, fp8, served",
     [
-        (1, 64, True, True), (32, 64, True, True), (512, 64, True, True), (513, 64, True, False),
-        (128, 128, True, True), (4096, 64, True, False),
+        (1, 64, True, False), (64, 64, True, False), (65, 64, True, True), (512, 64, True, True),
+        (513, 64, True, False), (1, 128, True, True), (512, 128, True, True), (513, 128, True, False),
+        (4096, 64, True, False),
         (256, 64, False, True), (4096, 64, False, True), (4096, 128, False, True), (255, 64, False, False),
         (1, 64, False, False),
         (1, 32, True, False), (1, 16, True, False), (4096, 32, False, False), (4096, 256, False, False),
@@ -140,7 +141,7 @@ def test_triton_on_cpu_and_other_gpus(triton_calls, monkeypatch):
     fm.flashmla_on.cache_clear()
     backend = _backend(_fp8_pool())
     assert not backend.flashmla.available and "SM90" in backend.flashmla.why_not
-    _attend(backend, 1, 64)
+    _attend(backend, 1, 128)  # a shape FlashMLA would serve
     assert len(triton_calls) == 1
     fm.flashmla_on.cache_clear()
 
@@ -152,7 +153,7 @@ def test_triton_unless_the_launch_opts_in(fake, triton_calls, monkeypatch):
     backend = _backend(_fp8_pool())
     assert backend.flashmla.describe(64, True) == (
         "sparse MLA on Triton (FlashMLA not used: opt-in until its served speed is measured: SGLANG_GLM_FLASHMLA=1)")
-    _attend(backend, 1, 64)
+    _attend(backend, 1, 128)  # a shape FlashMLA would serve
     assert len(triton_calls) == 1 and not fake.calls
     fm.flashmla_on.cache_clear()
 
@@ -162,7 +163,7 @@ def test_triton_without_legacy_kernels(on_sm90):
     assert not fm.FlashMLA(torch.device("cpu")).available
 
 
-@pytest.mark.parametrize("tokens, heads", [(1, 64), (32, 64), (512, 64), (64, 128)])
+@pytest.mark.parametrize("tokens, heads", [(65, 64), (512, 64), (1, 128), (64, 128)])
 def test_fp8_pool_decodes_on_flashmla_with_its_layouts(fake, triton_calls, tokens, heads):
     kv = _fp8_pool()
     backend = _backend(kv)
@@ -187,7 +188,7 @@ def test_fp8_pool_decodes_on_flashmla_with_its_layouts(fake, triton_calls, token
 def test_fp8_plans_are_made_once_per_shape(fake):
     backend = _backend(_fp8_pool())
     for _ in range(3):
-        _attend(backend, 8, 64)
+        _attend(backend, 8, 128)
     assert len([c for c in fake.calls if c[0] == "plan"]) == 1
     decodes = [c for c in fake.calls if c[0] == "decode"]
     assert len({id(c[4]) for c in decodes}) == 3  # each call its own schedule object, the same plan tensors
@@ -209,7 +210,7 @@ def test_bf16_pool_prefills_on_flashmla_with_its_layouts(fake, triton_calls, tok
 
 
 @pytest.mark.parametrize("kv, tokens, heads", [
-    (_fp8_pool(), 513, 64), (_fp8_pool(), 1, 32), (_bf16_pool(), 255, 64), (_bf16_pool(), 1, 64), (_bf16_pool(), 512, 16),
+    (_fp8_pool(), 513, 64), (_fp8_pool(), 1, 64), (_fp8_pool(), 64, 64), (_fp8_pool(), 1, 32), (_bf16_pool(), 255, 64), (_bf16_pool(), 1, 64), (_bf16_pool(), 512, 16),
 ])
 def test_other_shapes_stay_on_triton(fake, triton_calls, kv, tokens, heads):
     out, _ = _attend(_backend(kv), tokens, heads)
@@ -220,7 +221,7 @@ def test_other_shapes_stay_on_triton(fake, triton_calls, kv, tokens, heads):
 def test_a_failing_flashmla_call_raises(fake, triton_calls):
     fake.fail = True
     with pytest.raises(RuntimeError, match="kernel failed"):
-        _attend(_backend(_fp8_pool()), 1, 64)
+        _attend(_backend(_fp8_pool()), 1, 128)
     assert not triton_calls  # no silent fall-back to another kernel
 
 
@@ -238,8 +239,8 @@ def test_start_up_line_and_plans(fake, caplog, monkeypatch):
         for kv in (_fp8_pool(), _fp8_pool(), _bf16_pool()):
             _backend(kv)._prepare_flashmla(shapes)
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["sparse MLA on FlashMLA for FP8 KV up to 512 query rows, Triton above (64 heads)",
+    assert lines == ["sparse MLA on FlashMLA for FP8 KV at 65-512 query rows, Triton otherwise (64 heads)",
                      "sparse MLA on FlashMLA for BF16 KV from 256 query rows, Triton below (64 heads)"]
     plans = [c for c in fake.calls if c[0] == "plan"]
-    assert [len(c[1]) for c in plans] == list(range(1, 513))  # every FP8 row count, once per process
+    assert [len(c[1]) for c in plans] == list(range(65, 513))  # every FP8 row count served, once per process
     assert fm.flashmla_on(torch.device("cpu")).describe(32, True).startswith("sparse MLA on Triton")

@@ -3,11 +3,12 @@
 sgl-flash-mla 1.0.0 keeps SM90 and DeepSeek-V3.2's KV formats in its legacy kernels
 (`use_legacy=True`): `flash_mla_with_kvcache` attends over the 656-byte FP8 rows the plugin's pool
 stores (V3.2's format), `flash_mla_sparse_fwd` over BF16 rows; both take the pool rows the Triton
-kernel takes (-1 = no key). Against the Triton kernel on the H200, top-k 2048:
-  FP8 KV:  64 heads batch 1 21.9 vs 57.7 us, batch 32 / 64 / 256 level (0.91-1.00x);
-           128 heads batch 64 / 128 1.5x faster
-  BF16 KV: 64 heads, 256 / 1024 / 4096 queries 1.16-1.25x faster
-so FlashMLA serves FP8 pools up to FP8_MAX_ROWS query rows and BF16 pools from BF16_MIN_ROWS.
+kernel takes (-1 = no key). Against the plugin's fastest (warp-specialized) kernel on the H200, top-k
+2048 (session 20, benchmarks/kernels/logs/session20_flashmla_tables.md):
+  FP8 KV:  64 heads: batch 1 21.9 vs 16.9 us (Triton ahead), batch 8 / 32 / 64 level, batch 256
+           222.7 vs 243.0 us; 128 heads: batch 64 / 128 1.5x faster
+  BF16 KV: 64 and 128 heads, 256 / 1024 / 4096 queries 1.16-1.21x faster
+so FlashMLA serves FP8 pools over FP8_ROWS[heads] query rows and BF16 pools from BF16_MIN_ROWS.
 
 The FP8 kernel takes a split-KV schedule ("plan") per (query rows, heads, top-k). Every query attends
 top-k rows, so a plan depends on those shapes alone: plans are made eagerly (at start-up for every
@@ -25,7 +26,8 @@ import torch
 
 from glm_dsa_kernels.layout import INDEX_PAGE
 
-FP8_MAX_ROWS = 512
+# query rows (first, last) per head count: 64 heads from the first batch past the last level one
+FP8_ROWS = {64: (65, 512), 128: (1, 512)}
 BF16_MIN_ROWS = 256
 HEADS = (64, 128)  # the head counts FlashMLA's kernels are built for
 KV_FORMAT = "V32"  # 512 e4m3 latent + 4 fp32 scales + 64 bf16 rope: the pool's FP8 rows
@@ -70,7 +72,10 @@ class FlashMLA:
         """Where FlashMLA was measured faster than (or level with) the Triton kernel."""
         if tokens <= 0 or heads not in HEADS:
             return False
-        return tokens <= FP8_MAX_ROWS if kv_is_fp8 else tokens >= BF16_MIN_ROWS
+        if kv_is_fp8:
+            first, last = FP8_ROWS[heads]
+            return first <= tokens <= last
+        return tokens >= BF16_MIN_ROWS
 
     def describe(self, heads: int, kv_is_fp8: bool) -> str:
         """The start-up line saying which kernel serves which shapes (the GPU suite asserts it)."""
@@ -79,14 +84,15 @@ class FlashMLA:
         if heads not in HEADS:
             return f"sparse MLA on Triton (FlashMLA takes {' or '.join(map(str, HEADS))} heads; {heads} per rank here)"
         if kv_is_fp8:
-            return f"sparse MLA on FlashMLA for FP8 KV up to {FP8_MAX_ROWS} query rows, Triton above ({heads} heads)"
+            first, last = FP8_ROWS[heads]
+            return f"sparse MLA on FlashMLA for FP8 KV at {first}-{last} query rows, Triton otherwise ({heads} heads)"
         return f"sparse MLA on FlashMLA for BF16 KV from {BF16_MIN_ROWS} query rows, Triton below ({heads} heads)"
 
     def plan_decode(self, heads: int, topk: int) -> None:
         """Every FP8 plan a served batch can need, made before any CUDA-graph capture."""
-        for tokens in range(1, FP8_MAX_ROWS + 1):
-            if self.serves(tokens, heads, True):
-                self._plan(tokens, heads, topk)
+        first, last = FP8_ROWS.get(heads, (1, 0))  # an empty range where FlashMLA has no kernel
+        for tokens in range(first, last + 1):
+            self._plan(tokens, heads, topk)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # plans are read on other streams than this one
 
