@@ -91,10 +91,12 @@ case "$1" in
     # model classes, or its indexer asserts at the first prefill (0.2.1's `t.is_cuda()` on CUDA
     # tensors: built against another torch's tensor layout); one tiny call tells
     if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 -c "
-import torch, deep_gemm
+import torch, tvm_ffi, deep_gemm
+print('torch', torch.__version__, 'tvm_ffi', tvm_ffi.__version__, tvm_ffi.__file__, 'deep_gemm', deep_gemm.__file__)
 deep_gemm.get_paged_mqa_logits_metadata(torch.ones(4, 1, dtype=torch.int32, device='cuda'), 64, deep_gemm.get_num_sms())" \
         > "$WORK/deep_gemm_probe.log" 2>&1; then
-      tail -2 "$WORK/deep_gemm_probe.log"; echo "deep_gemm does not run here: the peer's indexer runs on torch"
+      head -1 "$WORK/deep_gemm_probe.log"; tail -1 "$WORK/deep_gemm_probe.log"
+      echo "deep_gemm does not run here: the peer's indexer runs on torch"
       rm -rf /tmp/site_peer/deep_gemm
     fi
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
