@@ -54,6 +54,8 @@ mkdir -p "$OUT" "$WORK"
 trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .
       tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null
       [ -d /tmp/dgcache ] && tar czf "$OUT/dgcache.tar.gz" -C /tmp/dgcache .' EXIT
+# .gpu/ is git-ignored: a device call brings it only when asked (carry: [".gpu"])
+[ -f .gpu/device_env.sh ] || { echo "no .gpu/device_env.sh: run the device call with carry [\".gpu\"]" >&2; exit 2; }
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 # SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
@@ -87,13 +89,8 @@ case "$1" in
     rm -rf /tmp/site_peer  # a machine kept warm still holds the last call's packages (--target adds, never removes)
     python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
       ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
-    # a deep_gemm that fails to import or to run is worse than none: SGLang then drops its GLM-DSA
-    # model classes, or its indexer asserts at the first prefill (0.2.1's `t.is_cuda()` on CUDA
-    # tensors: built against another torch's tensor layout); one tiny call tells
-    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 -c "
-import torch, tvm_ffi, deep_gemm
-print('torch', torch.__version__, 'tvm_ffi', tvm_ffi.__version__, tvm_ffi.__file__, 'deep_gemm', deep_gemm.__file__)
-deep_gemm.get_paged_mqa_logits_metadata(torch.ones(4, 1, dtype=torch.int32, device='cuda'), 64, deep_gemm.get_num_sms())" \
+    # a deep_gemm that fails to import or to run is worse than none (scripts/deep_gemm_runs.py says why)
+    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 ../../../scripts/deep_gemm_runs.py \
         > "$WORK/deep_gemm_probe.log" 2>&1; then
       head -1 "$WORK/deep_gemm_probe.log"; tail -1 "$WORK/deep_gemm_probe.log"
       echo "deep_gemm does not run here: the peer's indexer runs on torch"

@@ -8,6 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
 mkdir -p "$OUT"
+[ -f .gpu/device_env.sh ] || { echo "no .gpu/device_env.sh: run the device call with carry [\".gpu\"]" >&2; exit 2; }
 . .gpu/device_env.sh
 python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/site_plugin . || exit 1
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1 GLM_GPU_RESULTS=/tmp/glm_gpu_results
@@ -18,7 +19,8 @@ for w in .gpu/peer/sgl_flash_mla-*.whl; do
   # plugin server's path deep_gemm would switch SGLang's FP8 linears to DeepGEMM too
   for d in .gpu/deepgemm/sgl_deep_gemm-*.whl; do
     [ -f "$d" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer_dg "$w" "$d" \
-      && PYTHONPATH=/tmp/site_peer_dg:$PYTHONPATH python3 -c "import deep_gemm" && export GLM_PEER_DEEPGEMM_SITE=/tmp/site_peer_dg
+      && PYTHONPATH=/tmp/site_peer_dg:$PYTHONPATH python3 scripts/deep_gemm_runs.py >> "$OUT/gpu_suite.log" 2>&1 \
+      && export GLM_PEER_DEEPGEMM_SITE=/tmp/site_peer_dg
   done
 done
 # Multi-GPU hosts are shared: NVLink multicast stays off (the device notes say why).
