@@ -81,9 +81,10 @@ GPU_SERVER_ARGS = [
 POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-context pool
 # SGLang's own path captures breakable prefill graphs (its DSA default) up to 8192 tokens after the
 # pool is allocated: 0.88 left it 16 GB and the capture ran out of memory (session 17); 0.75 left 34 GB,
-# which its torch indexer (DeepGEMM's does not run on the device's torch) used up by 7168 tokens (session 20);
-# 0.5 still pools ~2M BF16 KV tokens, far beyond the 32 x 4K decode and 32K prefill runs
-PEER_POOL_ARGS = ["--mem-fraction-static", "0.5"]
+# which its torch indexer (DeepGEMM's does not run on the device's torch) used up by 7168 tokens, 23 GB
+# for the 8192-token graph alone (session 20). 0.5 still pools ~2M BF16 KV tokens, far beyond the runs;
+# graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway)
+PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
 DUMMY_ARGS = ["--load-format", "dummy"]
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 # A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
