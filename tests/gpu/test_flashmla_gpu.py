@@ -15,13 +15,16 @@ import os
 import pytest
 import torch
 
-from gpu_serving import gpu_server, record, results_dir, serve_and_judge
+from gpu_serving import agreement, generate, gpu_server, record, results_dir, serve_and_judge, tokens
 from sglang_glm.attention import flashmla as fm
 
 pytestmark = pytest.mark.gpu
 
 PEER_SITE = os.environ.get("GLM_PEER_SITE")
 TOPK, POOL, SCALE = 2048, 1 << 16, 576**-0.5
+# Served alone, one prefill forward of 200 query rows: FlashMLA's at 64 heads with FP8 KV (65-512 rows),
+# which the suite's shared prompts (batched 1137 rows, 1300, radix-hit tails, decode) never are
+MID_PROMPT = [(11 * i + 5) % 500 + 2 for i in range(200)]
 needs_flashmla = pytest.mark.skipif(
     not PEER_SITE or not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
     reason="needs sgl-flash-mla (GLM_PEER_SITE) and an SM90 GPU",
@@ -107,12 +110,16 @@ def test_fp8_plans_under_cuda_graphs(flashmla, tokens, heads):
 def test_64_heads_served_on_flashmla(models, kv, args):
     """The FlashMLA server and the Triton one, same checkpoint and flags, CUDA graphs on."""
     path, served = models["glm52_64h"], {}
+    assert fm.FlashMLA.serves(len(MID_PROMPT), 64, True) and fm.FlashMLA.serves(1137, 64, False)
     for kernel, env in (("flashmla", {"PYTHONPATH": os.pathsep.join([PEER_SITE, os.environ["PYTHONPATH"]]),
                                       fm.OPT_IN_ENV: "1"}),
                         ("triton", {})):
         name = f"{kernel}_64_heads_{kv.lower()}_kv"
         with gpu_server(path, name, *args, env=env) as url:
             served[kernel], result, _ = serve_and_judge(url, path, name)
+            mid = generate(url, [MID_PROMPT])
+        agreement(path, [MID_PROMPT], mid).assert_agrees()
+        served[kernel] += tokens(mid)
         log = (results_dir() / f"server_{name}.log").read_text(errors="replace")
         line = f"sparse MLA on FlashMLA for {kv} KV" if kernel == "flashmla" else "sparse MLA on Triton"
         assert line in log, f"{name}: no start-up line {line!r}"
