@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 
 import torch
@@ -67,7 +68,7 @@ def _topk_selection(record=None, swap=None):
     place of its k-th. Calls count the indexer runs of one forward, full layer by full layer."""
     import sglang_glm_tools.reference.layers as layers
 
-    select, calls = layers.select_topk, iter(range(1 << 30))
+    select, calls = layers.select_topk, itertools.count()
 
     def watched(scores, causal, k):
         call, chosen = next(calls), select(scores, causal, k)

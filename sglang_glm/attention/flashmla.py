@@ -26,7 +26,7 @@ import torch
 
 from glm_dsa_kernels.layout import INDEX_PAGE
 
-# query rows (first, last) per head count: 64 heads from the first batch past the last level one
+# query rows (first, last) per head count; at 64 heads Triton is level up to batch 64, FlashMLA ahead at 256
 FP8_ROWS = {64: (65, 512), 128: (1, 512)}
 BF16_MIN_ROWS = 256
 HEADS = (64, 128)  # the head counts FlashMLA's kernels are built for
