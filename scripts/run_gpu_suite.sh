@@ -2,8 +2,9 @@
 # The GPU suite (tests/gpu) on a CUDA machine, with real SGLang 0.5.23 set up by the shared recipe.
 # Needs .gpu/ next to this repo's root, built on a CPU machine with registry access by
 #   bash ../shared/gpu/prepare.sh .gpu          (git-ignored; carried to the GPU machine)
-# usage: bash scripts/run_gpu_suite.sh [pytest args]. Writes gpu_suite.log, results.tar.gz (server
-# logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled kernels, for .gpu/carry/) to $OUT.
+# usage: bash scripts/run_gpu_suite.sh [pytest args]. Writes gpu_suite.log, deep_gemm_probe.log (with
+# .gpu/deepgemm), results.tar.gz (server logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled
+# kernels, for .gpu/carry/) to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
@@ -19,7 +20,7 @@ for w in .gpu/peer/sgl_flash_mla-*.whl; do
   # plugin server's path deep_gemm would switch SGLang's FP8 linears to DeepGEMM too
   for d in .gpu/deepgemm/sgl_deep_gemm-*.whl; do
     [ -f "$d" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer_dg "$w" "$d" \
-      && PYTHONPATH=/tmp/site_peer_dg:$PYTHONPATH python3 scripts/deep_gemm_runs.py >> "$OUT/gpu_suite.log" 2>&1 \
+      && PYTHONPATH=/tmp/site_peer_dg:$PYTHONPATH python3 scripts/deep_gemm_runs.py > "$OUT/deep_gemm_probe.log" 2>&1 \
       && export GLM_PEER_DEEPGEMM_SITE=/tmp/site_peer_dg
   done
 done
