@@ -72,13 +72,14 @@ def _topk_selection(record=None, swap=None):
 
     def watched(scores, causal, k):
         call, chosen = next(calls), select(scores, causal, k)
-        if scores.shape[-1] <= k:
+        swapped = swap is not None and swap[0] == call
+        if scores.shape[-1] <= k or not (record is not None or swapped):
             return chosen
         top = scores.masked_fill(~causal, float("-inf"))[0].topk(k + 1, dim=-1)
         gap = (top.values[:, k - 1] - top.values[:, k]) / top.values[:, 0].abs().clamp_min(1e-30)
         if record is not None:
             record.extend((call, row, float(gap[row])) for row in (gap <= INDEX_NEAR_TIE).nonzero().flatten().tolist())
-        if swap is not None and swap[0] == call:
+        if swapped:
             row = swap[1]
             chosen = chosen.clone()
             chosen[0, row, top.indices[row, k - 1]] = False

@@ -90,9 +90,10 @@ class FlashMLA:
 
     def plan_decode(self, heads: int, topk: int) -> None:
         """Every FP8 plan a served batch can need, made before any CUDA-graph capture."""
-        first, last = FP8_ROWS.get(heads, (1, 0))  # an empty range where FlashMLA has no kernel
-        for tokens in range(first, last + 1):
-            self._plan(tokens, heads, topk)
+        if heads in FP8_ROWS:
+            first, last = FP8_ROWS[heads]
+            for tokens in range(first, last + 1):
+                self._plan(tokens, heads, topk)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # plans are read on other streams than this one
 
