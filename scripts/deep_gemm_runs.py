@@ -1,8 +1,9 @@
 """Exits 0 when the importable deep_gemm runs a call on this GPU, else prints why and exits 1.
 
 An importable deep_gemm that cannot run is worse than none for SGLang's own GLM-DSA path: its indexer
-asserts at the first prefill (sgl-deep-gemm 0.2.1 on torch 2.11: `t.is_cuda()` on CUDA tensors, read
-at other offsets than this torch lays tensors out). Used by scripts/gpu_bench.sh and run_gpu_suite.sh.
+asserts at the first prefill (published sgl-deep-gemm 0.2.1 on torch 2.11: `t.is_cuda()` on CUDA
+tensors; scripts/build_deep_gemm.sh builds one against torch 2.11's headers instead). Used by
+scripts/gpu_bench.sh and run_gpu_suite.sh.
 """
 
 import torch

@@ -40,8 +40,8 @@
 # - before/after modes (ingraph, ingraph_mtp, topk): .gpu/before_tree, a plugin tree, e.g.
 #   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.
 # - peer, flashmla: .gpu/peer/sgl_flash_mla-1.0.0-*.whl (9.9 MB; `pip download --no-deps sgl-flash-mla==1.0.0`,
-#   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-0.2.1-*.whl (5.4 MB) for SGLang's DeepGEMM
-#   indexer (else its torch fall-back). Both wheels and .gpu pass the 64 MiB carry only with .gpu/whl/jedi-*.whl
+#   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-*.whl for SGLang's DeepGEMM
+#   indexer (else its torch fall-back): `bash scripts/build_deep_gemm.sh` builds one for the device's torch (4.3 MiB). Both wheels and .gpu pass the 64 MiB carry only with .gpu/whl/jedi-*.whl
 #   held out (`scripts/device_tree.sh out`).
 set -uo pipefail
 cd "$(dirname "$0")/.."

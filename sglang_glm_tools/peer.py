@@ -2,8 +2,8 @@
 
 Its `GlmMoeDsaForCausalLM` and `dsa` backend, with FlashMLA's sparse kernels (`sgl-flash-mla`) from
 a site directory put first on PYTHONPATH. The indexer's logits run on DeepGEMM where that directory
-also holds `deep_gemm` (`sgl-deep-gemm` 0.2.1: the newest that loads under the H200's torch 2.11), as
-on a Hopper deployment, else on SGLang's own torch fall-back. Read from SGLang 0.5.23's source
+also holds `deep_gemm`, as on a Hopper deployment, else on SGLang's own torch fall-back. No published
+wheel runs under the H200's torch 2.11; scripts/build_deep_gemm.sh builds one. Read from SGLang 0.5.23's source
 (`benchmarks/serving/gpu/peer_setup.md`, sections 1.3 and 4.3); used by the serving benchmark's
 `CONFIG@sglang` runs and the GPU suite's peer test.
 """
