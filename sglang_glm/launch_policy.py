@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from sglang_glm.attention.backends import PLUGIN_BACKENDS, TRITON_BACKEND, triton_geometry_problem
+from sglang_glm.attention.backends import (
+    PLUGIN_BACKENDS, SGLANG_DSA_BACKEND, TORCH_BACKEND, TRITON_BACKEND, triton_geometry_problem,
+)
 from sglang_glm.settings import DRAFT_PREFILL_GRAPHS
 from sglang_glm.warmup import NAME as PREFILL_WARMUP
 
@@ -26,9 +28,38 @@ class UserArgs:
     speculative_eagle_topk: Optional[int]
 
 
+BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+
+
+def check_attention_backends(glm_dsa: bool, backends: tuple[Optional[str], ...]) -> None:
+    """Refuses, by flag, an attention backend that cannot serve the model: the plugin's backends
+    serve GLM-DSA only, and GLM-DSA's indexer runs on the plugin's backends or SGLang's `dsa`,
+    one family for prefill and decode (each family stores index keys its own way)."""
+    given = [(flag, name) for flag, name in zip(BACKEND_FLAGS, backends) if name]
+    if not glm_dsa:
+        for flag, name in given:
+            if name in PLUGIN_BACKENDS:
+                raise ValueError(f"{flag} {name}: the plugin's attention backends serve GLM-DSA models "
+                                 f"(GlmMoeDsaForCausalLM) only; drop the flag to use SGLang's default")
+        return
+    serving = PLUGIN_BACKENDS + (SGLANG_DSA_BACKEND,)
+    for flag, name in given:
+        if name not in serving:
+            raise ValueError(
+                f"{flag} {name}: GLM-DSA's sparse attention and lightning indexer run on {TRITON_BACKEND} "
+                f"(the CUDA default), {TORCH_BACKEND} (plain PyTorch) or {SGLANG_DSA_BACKEND} (SGLang's own, "
+                f"FlashMLA + DeepGEMM); use one of those, or drop the flag")
+    families = {name in PLUGIN_BACKENDS for _, name in given}
+    if len(families) > 1:
+        mixed = ", ".join(f"{flag} {name}" for flag, name in given)
+        raise ValueError(f"{mixed}: the plugin's backends and SGLang's {SGLANG_DSA_BACKEND} keep different "
+                         f"index-key caches, so prefill and decode must use the same family; pick one")
+
+
 def launch_decisions(hf_config: Any, user: UserArgs, on_cpu: bool) -> dict[str, Any]:
     """The server args the plugin resolves for a GLM-DSA launch ({name: value}); raises ValueError
     for a launch its kernels cannot serve, before any weight loads."""
+    check_attention_backends(True, user.attention_backends)
     decisions: dict[str, Any] = {}
     # SGLang's `dsa` default needs FlashMLA and DeepGEMM; on CUDA the plugin's Triton backend is
     # the path this project runs (README, "On a GPU deployment").

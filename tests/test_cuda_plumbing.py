@@ -61,13 +61,19 @@ def test_kv_pool_follows_the_attention_backend():
     def sglang_choice(configurator, *, kind, default):
         return default
 
+    def configurator(architecture):
+        return SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=[architecture])))
+
+    glm, deepseek = configurator("GlmMoeDsaForCausalLM"), configurator("DeepseekV32ForCausalLM")
     for backends in [("glm_dsa_torch",) * 2, ("glm_dsa_triton",) * 2]:
         with mock.patch(BACKENDS, return_value=backends):
-            assert memory._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is TorchDSAKVPool
+            assert memory._plugin_kv_pool(sglang_choice, glm, kind="dsa", default=object) is TorchDSAKVPool
+            # another DSA model keeps SGLang's pool whatever the backend
+            assert memory._plugin_kv_pool(sglang_choice, deepseek, kind="dsa", default=object) is object
     with mock.patch(BACKENDS, return_value=("dsa", "dsa")):
-        assert memory._plugin_kv_pool(sglang_choice, None, kind="dsa", default=object) is object
+        assert memory._plugin_kv_pool(sglang_choice, glm, kind="dsa", default=object) is object
     with mock.patch(BACKENDS, return_value=("glm_dsa_torch",) * 2):
-        assert memory._plugin_kv_pool(sglang_choice, None, kind="mla", default=int) is int
+        assert memory._plugin_kv_pool(sglang_choice, glm, kind="mla", default=int) is int
 
 
 def test_triton_geometry_is_the_kernels_and_glm5s():

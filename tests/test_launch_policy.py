@@ -10,7 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_glm.attention.backends import TORCH_BACKEND, TRITON_BACKEND, triton_geometry
-from sglang_glm.launch_policy import UserArgs, check_draft_prefill_graphs, launch_decisions, prefill_cuda_graphs
+from sglang_glm.launch_policy import (
+    UserArgs, check_attention_backends, check_draft_prefill_graphs, launch_decisions, prefill_cuda_graphs,
+)
 from sglang_glm.settings import resolve_draft_prefill_graphs
 from sglang_glm.warmup import NAME as PREFILL_WARMUP
 
@@ -43,6 +45,36 @@ def test_launch_decisions(config, args, on_cpu, expected):
 def test_triton_on_another_geometry_is_refused_by_name(args):
     with pytest.raises(ValueError, match=rf"kv_lora_rank=48.*--attention-backend {TORCH_BACKEND}"):
         launch_decisions(NARROW, args, on_cpu=False)
+
+
+@pytest.mark.parametrize("backends", [(None, None, None), (TRITON_BACKEND, None, None), (TORCH_BACKEND,) * 3,
+                                      ("dsa", None, None), (None, "dsa", "dsa"), (None, TRITON_BACKEND, None)])
+def test_glm_dsa_serves_on_the_plugins_backends_or_sglangs_dsa(backends):
+    check_attention_backends(True, backends)
+
+
+@pytest.mark.parametrize("backends, message", [
+    (("flashinfer", None, None), r"--attention-backend flashinfer: GLM-DSA's .* run on glm_dsa_triton"),
+    ((None, "fa3", None), r"--prefill-attention-backend fa3: GLM-DSA's"),
+    ((None, None, "triton"), r"--decode-attention-backend triton: GLM-DSA's"),
+    ((None, "dsa", TRITON_BACKEND), r"--prefill-attention-backend dsa, --decode-attention-backend glm_dsa_triton: "
+                                    r".*same family"),
+])
+def test_other_backends_for_glm_dsa_are_refused_by_flag(backends, message):
+    with pytest.raises(ValueError, match=message):
+        check_attention_backends(True, backends)
+    with pytest.raises(ValueError, match=message):  # the launch decisions run the same check
+        launch_decisions(GLM5, UserArgs(attention_backends=backends, kv_cache_dtype="auto", page_size=None,
+                                        warmups=None, speculative_eagle_topk=None), on_cpu=False)
+
+
+def test_the_plugins_backends_are_refused_for_other_models():
+    check_attention_backends(False, ("flashinfer", None, None))
+    check_attention_backends(False, (None, None, None))
+    for backends, flag in [((TRITON_BACKEND, None, None), "--attention-backend"),
+                           ((None, None, TORCH_BACKEND), "--decode-attention-backend")]:
+        with pytest.raises(ValueError, match=rf"{flag} glm_dsa_t.*GLM-DSA models .* only"):
+            check_attention_backends(False, backends)
 
 
 def test_prefill_graphs_on_the_plugins_backends_only_breakable_and_asked_for():

@@ -9,7 +9,8 @@ import logging
 from sglang_glm.attention.backends import on_cpu_engine
 from sglang_glm.hooks.base import Hook, is_glm_dsa
 from sglang_glm.launch_policy import (
-    UserArgs, check_draft_prefill_graphs, check_spec_args, launch_decisions, prefill_cuda_graphs,
+    UserArgs, check_attention_backends, check_draft_prefill_graphs, check_spec_args, launch_decisions,
+    prefill_cuda_graphs,
 )
 from sglang_glm.settings import parse_override, resolve_draft_prefill_graphs
 
@@ -22,11 +23,12 @@ def _glm_dsa_model_adjustments(original, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.overrides import declare_resolution
 
     hf_config = model_config_of(server_args).hf_config
-    if not is_glm_dsa(hf_config):
-        return original(server_args, *args, **kwargs)
     user = resolving_view(server_args)  # read before SGLang's defaults fill it
-    given = dict(attention_backends=(user.attention_backend, user.prefill_attention_backend,
-                                     user.decode_attention_backend),
+    backends = (user.attention_backend, user.prefill_attention_backend, user.decode_attention_backend)
+    if not is_glm_dsa(hf_config):
+        check_attention_backends(False, backends)
+        return original(server_args, *args, **kwargs)
+    given = dict(attention_backends=backends,
                  kv_cache_dtype=user.kv_cache_dtype, page_size=user.page_size, warmups=user.warmups)
     if on_cpu_engine():
         from sglang_glm.cpu_compat.hooks import no_cuda_capability

@@ -9,7 +9,7 @@ from sglang_glm.hooks.base import Hook, is_glm_dsa, plugin_backend_in_use
 def _plugin_kv_pool(original, configurator, *, kind, default):
     # SGLang picks the DSA pool by model, not by attention backend; the plugin's backends need the
     # plugin's pool (index keys in the model dtype, none for shared layers), SGLang's `dsa` its own.
-    if kind == "dsa" and plugin_backend_in_use():
+    if kind == "dsa" and plugin_backend_in_use() and is_glm_dsa(configurator.model_config.hf_config):
         from sglang_glm.attention.kv_pool import TorchDSAKVPool
 
         return TorchDSAKVPool
