@@ -121,17 +121,34 @@ class UnsupportedSpecConfig(ValueError):
     pass
 
 
+def _algorithm_problem(algo: str) -> Optional[str]:
+    if algo in ("", "EAGLE", "NEXTN"):
+        return None
+    return f"--speculative-algorithm {algo}: GLM-DSA drafts with its MTP layer; use EAGLE or NEXTN"
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise UnsupportedSpecConfig(
+            "GLM-DSA speculative decoding (sglang-glm) cannot serve this configuration:\n  - "
+            + "\n  - ".join(problems)
+        )
+
+
+def check_spec_algorithm(algorithm: Optional[str]) -> None:
+    """Refuses a speculative algorithm other than the MTP layer's, before SGLang resolves its own
+    arguments (which may stop first, on a message about that algorithm rather than the model)."""
+    problem = _algorithm_problem((algorithm or "").upper())
+    _refuse([problem] if problem else [])
+
+
 def check_spec_args(cfg: Any, on_cpu: bool) -> None:
     """Refuses, by flag, every speculative combination the plugin's MTP path cannot serve correctly
     (`cfg`: server args after SGLang filled its EAGLE defaults)."""
     algo = (getattr(cfg, "speculative_algorithm", None) or "").upper()
     if not algo:
         return
-    problems = []
-    if algo not in ("EAGLE", "NEXTN"):
-        problems.append(
-            f"--speculative-algorithm {algo}: GLM-DSA drafts with its MTP layer; use EAGLE or NEXTN"
-        )
+    problems = [p for p in [_algorithm_problem(algo)] if p]
     if getattr(cfg, "enable_multi_layer_eagle", False):
         problems.append("--enable-multi-layer-eagle: GLM-DSA ships one MTP layer, applied recursively")
     if on_cpu and getattr(cfg, "speculative_use_rejection_sampling", False):
@@ -163,8 +180,4 @@ def check_spec_args(cfg: Any, on_cpu: bool) -> None:
             f"--speculative-num-steps {steps}: a chain drafts exactly num_steps + 1 = {steps + 1} "
             "tokens (the bonus token plus one per step)"
         )
-    if problems:
-        raise UnsupportedSpecConfig(
-            "GLM-DSA speculative decoding (sglang-glm) cannot serve this configuration:\n  - "
-            + "\n  - ".join(problems)
-        )
+    _refuse(problems)

@@ -72,6 +72,16 @@ def test_unsupported_combination_fails_at_start_up(ckpt):
         )
 
 
+def test_another_speculative_algorithm_is_refused_at_start_up(ckpt):
+    """NGRAM never reaches SGLang's EAGLE resolution, where the other checks run; refused by name."""
+    import sglang as sgl
+
+    from serving import ENGINE_DEFAULTS
+
+    with pytest.raises(Exception, match="(?s)cannot serve this configuration.*--speculative-algorithm NGRAM.*EAGLE or NEXTN"):
+        sgl.Engine(model_path=str(ckpt), **ENGINE_DEFAULTS, speculative_algorithm="NGRAM")
+
+
 def test_draft_prefill_graphs_without_breakable_prefill_graphs_fail_at_start_up(ckpt):
     """The draft's prefill graphs asked for where prefill runs eagerly (CPU: no breakable graphs)."""
     import sglang as sgl

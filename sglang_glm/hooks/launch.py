@@ -9,8 +9,8 @@ import logging
 from sglang_glm.attention.backends import on_cpu_engine
 from sglang_glm.hooks.base import Hook, is_glm_dsa
 from sglang_glm.launch_policy import (
-    UserArgs, check_attention_backends, check_draft_prefill_graphs, check_spec_args, launch_decisions,
-    prefill_cuda_graphs,
+    UserArgs, check_attention_backends, check_draft_prefill_graphs, check_spec_algorithm, check_spec_args,
+    launch_decisions, prefill_cuda_graphs,
 )
 from sglang_glm.settings import parse_override, resolve_draft_prefill_graphs
 
@@ -74,8 +74,11 @@ def _no_prefill_cuda_graph(result, server_args, *args, **kwargs):
 def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
 
+    glm_dsa = is_glm_dsa(model_config_of(server_args).hf_config)
+    if glm_dsa:
+        check_spec_algorithm(resolving_view(server_args).speculative_algorithm)
     result = original(server_args, *args, **kwargs)
-    if is_glm_dsa(model_config_of(server_args).hf_config):
+    if glm_dsa:
         check_spec_args(resolving_view(server_args), on_cpu=on_cpu_engine())
     return result
 
@@ -84,5 +87,7 @@ HOOKS = [
     Hook("sglang.srt.arg_groups.model_hook.handle_model_specific_adjustments", _glm_dsa_model_adjustments, "AROUND"),
     Hook("sglang.srt.arg_groups.cuda_graph_hook.disable_prefill_cuda_graph_for_deepseek_trtllm_mla",
          _no_prefill_cuda_graph, "AFTER"),
-    Hook("sglang.srt.arg_groups.speculative_hook._handle_eagle_family", _validate_glm_dsa_spec, "AROUND"),
+    # the whole speculative resolution, so every algorithm (NGRAM, DFLASH, ...) meets the check, after
+    # SGLang's EAGLE defaults are filled
+    Hook("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", _validate_glm_dsa_spec, "AROUND"),
 ]
