@@ -109,6 +109,17 @@ def test_unknown_tensors_fail(tmp_path, extra, message):
     assert extra in log and message in log
 
 
+@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_a_proj.weight", "lm_head.weight"])
+def test_missing_tensors_fail(tmp_path, dropped):
+    """A parameter the checkpoint does not fill would serve its initial values; loading stops instead."""
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", mtp=False)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors[dropped]
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    log = failed_launch(ckpt)
+    assert "the checkpoint lacks 1 tensors this model needs" in log and dropped in log, log[-3000:]
+
+
 def test_dummy_load_format_serves_target_and_mtp(tmp_path):
     """`--load-format dummy` (SGLang's benchmarking loader) skips load_weights; the models'
     post_load_weights must still absorb kv_b_proj, for the target and for the MTP draft."""

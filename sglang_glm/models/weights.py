@@ -5,8 +5,8 @@ plain); `dequantized_weight` gives kv_b_proj in floating point for MLA absorptio
 Accounting: what is skipped, what must be there.
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
-log line; a full layer missing indexer tensors, or tensors for layers the model does not have,
-stop loading with an error that names them. Under pipeline parallelism each rank loads its stage
+log line; a full layer missing indexer tensors, any other parameter the checkpoint does not fill, or
+tensors for layers the model does not have, stop loading with an error that names them. Under pipeline parallelism each rank loads its stage
 [start_layer, end_layer) (and the embedding, final norm and lm head where it holds them) and counts
 the rest as other stages' tensors.
 """
@@ -66,7 +66,7 @@ def load_tensor(params: dict, expert_mapping: list, name: str, tensor: torch.Ten
         params[target].weight_loader(params[target], tensor, target, shard_id=shard_id, expert_id=expert_id)
         return target
     if name not in params:
-        raise KeyError(
+        raise CheckpointError(
             f"checkpoint tensor {name!r} has no parameter in {model}; "
             "the checkpoint does not match this GLM-DSA model"
         )
@@ -87,6 +87,8 @@ def dequantized_weight(linear: nn.Module) -> torch.Tensor:
     return block_quant_dequant(weight.data, scale.data, block, torch.get_default_dtype())
 
 
+# FP8 KV-cache scales of SGLang's RadixAttention: a checkpoint may carry them, else SGLang uses 1.0.
+_OPTIONAL = (".attn.k_scale", ".attn.v_scale")
 # Tensors outside the decoder layers, and the module that holds each (absent on some PP stages).
 _EDGE_TENSORS = ("model.embed_tokens.", "model.norm.", "lm_head.")
 
@@ -136,11 +138,8 @@ class CheckpointAccounting:
         return True
 
     def finish(self, params: dict) -> None:
-        missing = sorted(
-            name
-            for name in params
-            if ".self_attn.indexer." in name and name not in self.loaded
-        )
+        unloaded = sorted(name for name in params if name not in self.loaded)
+        missing = [name for name in unloaded if ".self_attn.indexer." in name]
         if missing:
             layers = sorted({int(_LAYER.match(n).group(1)) for n in missing})
             raise CheckpointError(
@@ -149,6 +148,15 @@ class CheckpointAccounting:
                 f"only for the layers it was trained to run the indexer on, so serve it with a "
                 f"plan that marks layers {layers} shared (--json-model-override-args "
                 f"'{{\"index_topk_pattern\": ...}}') or use a checkpoint that has them"
+            )
+        # any other parameter left at its initial values would serve garbage (an unloaded FP8 block
+        # scale stays at float32's minimum)
+        other = [name for name in unloaded if name not in missing and not name.endswith(_OPTIONAL)]
+        if other:
+            layers = sorted({int(m.group(1)) for m in map(_LAYER.match, other) if m})
+            raise CheckpointError(
+                f"the checkpoint lacks {len(other)} tensors this model needs (layers {layers}), e.g. "
+                f"{other[:8]}; use the complete checkpoint, and the config.json that came with it"
             )
         skipped = self.skipped_indexer
         logger.info(
