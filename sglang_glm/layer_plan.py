@@ -84,21 +84,34 @@ class LayerPlan:
         )
 
 
+def _indexer_types(types: Any, source: str) -> tuple:
+    """indexer_types as a list or its JSON text (a launch override passes either)."""
+    fix = 'use a list with one entry per layer, e.g. ["full", "shared", "shared", "shared"]'
+    if isinstance(types, str):
+        try:
+            types = json.loads(types)
+        except json.JSONDecodeError:
+            raise LayerPlanError(f"{source} indexer_types = {types!r} is not a JSON list; {fix}") from None
+    if not isinstance(types, (list, tuple)):
+        raise LayerPlanError(f"{source} indexer_types = {types!r}; {fix}")
+    return tuple(types)
+
+
 def _plan_from_fields(fields: Mapping[str, Any], num_layers: int, source: str) -> LayerPlan | None:
     """The plan one source (checkpoint or override) states, checking its fields agree."""
     candidates: list[LayerPlan] = []
     if fields.get("indexer_types") is not None:
-        types = fields["indexer_types"]
-        if isinstance(types, str):
-            types = json.loads(types) if types.startswith("[") else list(types)
-        candidates.append(LayerPlan(tuple(types), f"{source} indexer_types"))
+        candidates.append(LayerPlan(_indexer_types(fields["indexer_types"], source), f"{source} indexer_types"))
     if fields.get("index_topk_pattern") is not None:
         pattern = fields["index_topk_pattern"]
         field = f"{source} index_topk_pattern"
         if isinstance(pattern, str):
             candidates.append(LayerPlan.from_pattern(pattern, field))
-        else:
+        elif isinstance(pattern, (list, tuple)):
             candidates.append(LayerPlan(tuple(pattern), field))
+        else:
+            raise LayerPlanError(f"{field} = {pattern!r}; use a string of F (full) and S (shared), one per "
+                                 f"layer, e.g. 'FSSS'")
     if "index_topk_freq" in fields or "index_skip_topk_offset" in fields:
         freq = fields.get("index_topk_freq", 1)
         offset = fields.get("index_skip_topk_offset", 2)
@@ -106,10 +119,15 @@ def _plan_from_fields(fields: Mapping[str, Any], num_layers: int, source: str) -
             freq = 1
         if offset is None:
             offset = 2
-        if not isinstance(freq, int) or freq < 1:
+        if not isinstance(freq, int) or isinstance(freq, bool) or freq < 1:
             raise LayerPlanError(
                 f"{source} index_topk_freq = {freq!r}; it must be an integer >= 1 "
                 f"(1 = every layer full, 4 = one full layer in four)"
+            )
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 1:
+            raise LayerPlanError(
+                f"{source} index_skip_topk_offset = {offset!r}; it must be an integer >= 1 (the first "
+                f"layer the frequency counts from; layer 0 is always full)"
             )
         kinds = tuple(
             FULL if max(i - offset + 1, 0) % freq == 0 else SHARED for i in range(num_layers)

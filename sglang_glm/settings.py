@@ -10,6 +10,7 @@ context; the models take the result as an argument and read nothing else.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Optional
 
 from sglang_glm.attention.backends import SGLANG_DSA_BACKEND
 from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
-from sglang_glm.mtp.recycle import resolve_recycle_policy
+from sglang_glm.mtp.recycle import FIELD as RECYCLE_FIELD, resolve_recycle_policy
 
 # Which indexer module a full layer owns.
 GLM_INDEXER = "glm"  # the plugin's `GlmDsaIndexer`, which asks the backend (`DsaIndexBackend`)
@@ -26,6 +27,11 @@ SGLANG_INDEXER = "sglang"  # SGLang's CUDA `Indexer` (FP8 index-K pool only its 
 # Launch key: the MTP draft's prefill pass (its draft-extend over the prompt) replays SGLang's
 # breakable prefill graphs; the GPU suite served it (session 18), off by default until its speed is measured.
 DRAFT_PREFILL_GRAPHS = "mtp_draft_prefill_graphs"
+
+INDEX_SHARE = "index_share_for_mtp_iteration"
+# The config fields the plugin reads, settable at launch with --json-model-override-args.
+PLUGIN_FIELDS = ("index_topk", "indexer_types", "index_topk_pattern", "index_topk_freq",
+                 "index_skip_topk_offset", INDEX_SHARE, RECYCLE_FIELD, DRAFT_PREFILL_GRAPHS)
 
 # MoE routing fields SGLang's DeepseekV2MoE reads and transformers' GlmMoeDsaConfig omits.
 _MOE_ROUTING_DEFAULTS = (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"))
@@ -50,11 +56,14 @@ class GlmDsaSettings:
     ) -> "GlmDsaSettings":
         """`override`: the launch's `--json-model-override-args` (dict or JSON string)."""
         override = parse_override(override)
+        check_override_keys(override)
         return cls(
             plan=resolve_layer_plan(hf_config, override),
             recycle=resolve_recycle_policy(hf_config, override),
-            index_share=bool(getattr(hf_config, "index_share_for_mtp_iteration", False)),
-            index_topk=hf_config.index_topk,
+            index_share=_field(hf_config, override, INDEX_SHARE, bool, False,
+                               "true (MTP draft steps 1+ reuse the draft-extend top-k) or false"),
+            index_topk=_field(hf_config, override, "index_topk", int, None,
+                              "a positive integer (the keys each query attends, 2048 for GLM-5)"),
             indexer=SGLANG_INDEXER if SGLANG_DSA_BACKEND in attention_backends else GLM_INDEXER,
             attention_backends=tuple(attention_backends),
             draft_prefill_graphs=resolve_draft_prefill_graphs(hf_config, override),
@@ -68,6 +77,28 @@ class GlmDsaSettings:
         return cls.from_config(
             hf_config, get_server_args().json_model_override_args, attention_backends()
         )
+
+
+def check_override_keys(override: Mapping[str, Any]) -> None:
+    """A launch override key one typo away from a plugin field would be set on the config and read by
+    nothing, serving the checkpoint's own value; refused with the name it most likely meant."""
+    for key in override:
+        if key in PLUGIN_FIELDS:
+            continue
+        close = difflib.get_close_matches(key, PLUGIN_FIELDS, n=1, cutoff=0.85)
+        if close:
+            raise ValueError(f"--json-model-override-args key {key!r} is not a GLM-DSA field the plugin "
+                             f"reads; did you mean {close[0]!r}?")
+
+
+def _field(hf_config: Any, override: Mapping[str, Any], name: str, kind: type, default: Any, use: str) -> Any:
+    """A plugin field from the override, else the config, checked for its type (bool is not an int,
+    and "false" is not a bool)."""
+    value = override.get(name, getattr(hf_config, name, default))
+    ok = isinstance(value, bool) if kind is bool else (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    if not ok:
+        raise ValueError(f"{name} = {value!r}; use {use}")
+    return value
 
 
 def parse_override(override: Mapping[str, Any] | str | None) -> dict[str, Any]:

@@ -28,6 +28,13 @@ def prefill_lengths(limit: int) -> list[int]:
     return sorted(lengths)
 
 
+def warm_up_limit(chunked_prefill_size: int | None, context_len: int) -> int:
+    """The longest warm-up prompt: one prefill chunk (the whole context where chunking is off: None,
+    0 or -1), leaving room for the decoded tokens and an MTP round's drafts."""
+    chunk = chunked_prefill_size if chunked_prefill_size and chunked_prefill_size > 0 else context_len
+    return min(chunk, context_len - 16)
+
+
 async def warm_up_prefill_shapes(disaggregation_mode: str, tokenizer_manager) -> None:
     """SGLang's warm-up signature (`sglang.srt.entrypoints.warmup`): requests through the tokenizer
     manager, each a prefill of one length class and two decoded tokens (an MTP round with EAGLE)."""
@@ -35,8 +42,7 @@ async def warm_up_prefill_shapes(disaggregation_mode: str, tokenizer_manager) ->
     from sglang.srt.managers.io_struct import GenerateReqInput
 
     args = tokenizer_manager.server_args
-    # the longest prompt that still leaves room for the decoded tokens and an MTP round's drafts
-    limit = min(args.chunked_prefill_size or tokenizer_manager.context_len, tokenizer_manager.context_len - 16)
+    limit = warm_up_limit(args.chunked_prefill_size, tokenizer_manager.context_len)
     vocab = tokenizer_manager.model_config.vocab_size
     lengths = prefill_lengths(limit)
     t0 = time.perf_counter()

@@ -66,6 +66,13 @@ def test_override_replaces_checkpoint_plan_whatever_its_field():
         ({"index_topk_pattern": "FFxF"}, "contains 'x'; use only 'F'"),
         ({"indexer_types": ["full", "dense", "full", "full"]}, "layer 1 is 'dense'"),
         ({"index_topk_freq": 0}, "index_topk_freq = 0; it must be an integer >= 1"),
+        ({"index_topk_freq": True}, "index_topk_freq = True; it must be an integer >= 1"),
+        ({"index_topk_freq": 2, "index_skip_topk_offset": "2"}, "index_skip_topk_offset = '2'; it must be an integer >= 1"),
+        ({"index_topk_freq": 2, "index_skip_topk_offset": 1.5}, "index_skip_topk_offset = 1.5; it must be"),
+        ({"indexer_types": "[full, shared]"}, "indexer_types = '[full, shared]' is not a JSON list; use a list"),
+        ({"indexer_types": "full,shared"}, "is not a JSON list"),
+        ({"indexer_types": 5}, "indexer_types = 5; use a list with one entry per layer"),
+        ({"index_topk_pattern": 1234}, "index_topk_pattern = 1234; use a string of F (full) and S (shared)"),
         (
             {"index_topk_pattern": "FFSF", "indexer_types": ["full"] * 4},
             "indexer_types (FFFF) and override index_topk_pattern (FFSF) disagree",
@@ -113,3 +120,22 @@ def test_settings_resolve_plan_mtp_and_indexer_once():
     built = module_config(cfg)
     assert built.topk_method == "noaux_tc" and built.scoring_func == "sigmoid"
     assert cfg.topk_method is None
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"index_topk_patern": "FFFF"}, "key 'index_topk_patern' is not a GLM-DSA field the plugin reads; did you mean 'index_topk_pattern'?"),
+    ({"mtp_recycle_hiden": "pre_norm"}, "did you mean 'mtp_recycle_hidden'?"),
+    ({"index_share_for_mtp_iteration": "false"}, "index_share_for_mtp_iteration = 'false'; use true"),
+    ({"index_topk": 0}, "index_topk = 0; use a positive integer"),
+    ({"index_topk": "2048"}, "index_topk = '2048'; use a positive integer"),
+    ({"index_topk": 2048.0}, "index_topk = 2048.0; use a positive integer"),
+])
+def test_bad_settings_name_field_value_and_fix(override, message):
+    from sglang_glm.settings import GlmDsaSettings
+
+    cfg = GlmMoeDsaConfig(num_hidden_layers=4, index_topk=16, index_topk_pattern="FFSF")
+    with pytest.raises(ValueError) as err:
+        GlmDsaSettings.from_config(cfg, override)
+    assert message in str(err.value)
+    # other config fields pass untouched, typos or not, when no plugin field is near them
+    assert GlmDsaSettings.from_config(cfg, {"rope_theta": 1e6, "index_head_dim": 128}).index_topk == 16

@@ -28,6 +28,15 @@ def test_prefill_lengths_cover_both_divisibility_classes_up_to_the_limit():
     assert any(x % 16 for x in prefill_lengths(8192)) and any(x % 16 == 0 for x in prefill_lengths(8192))
 
 
+def test_warm_up_limit_is_one_chunk_or_the_context():
+    from sglang_glm.warmup import warm_up_limit
+
+    assert warm_up_limit(16384, 131072) == 16384
+    assert warm_up_limit(16384, 4096) == 4080
+    for off in (None, 0, -1):  # chunking off: the whole context (was 0 prompts at -1)
+        assert warm_up_limit(off, 4096) == 4080
+
+
 def test_server_serves_every_warm_up_length_before_ready(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "model", config_overrides={"index_topk": 16}, seed=5)
     log = tmp_path / "server.log"
