@@ -255,6 +255,7 @@ def test_search_finds_the_free_layers(calibrated):
     first, second = steps[1], steps[2]
     # Step 1: sharing 4 or 5 is exactly free, every other layer costs something.
     costs = {int(k): v for k, v in steps[0]["candidates"].items()}
+    assert set(costs) == set(range(1, 8))  # every layer but 0 was a candidate
     assert costs[4] == 0.0 and costs[5] == 0.0
     assert all(costs[layer] > 1e-7 for layer in costs if layer not in (4, 5))
     assert {first["shared_layer"], second["shared_layer"]} == {4, 5}

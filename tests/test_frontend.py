@@ -52,7 +52,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(server):
-    return fp.run(server)
+    out = fp.run(server)
+    assert len(out) == len(fp.SNIPPETS), (len(out), len(fp.SNIPPETS))  # every snippet ran
+    return out
 
 
 def generate(url, text, params):

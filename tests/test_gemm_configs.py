@@ -49,7 +49,9 @@ def test_tuned_shapes_come_from_the_plugin_only_in_its_processes(tuned_dir, monk
 def test_the_package_ships_only_well_formed_configs():
     """Every shipped file parses as SGLang's loader reads it, for 128 x 128 blocks."""
     keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
-    for path in gemm.TUNED.glob("*.json"):
+    shipped = sorted(gemm.TUNED.glob("*.json"))
+    assert len(shipped) == 10, [p.name for p in shipped]  # GLM-5.2's ten block-FP8 linear shapes (session 18)
+    for path in shipped:
         assert path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128].json"), path.name
         for m, cfg in json.loads(path.read_text()).items():
             assert int(m) > 0 and keys <= set(cfg) and 128 % cfg["BLOCK_SIZE_K"] == 0, (path.name, m, cfg)

@@ -69,7 +69,10 @@ def test_tuned_experts_come_from_the_plugin_only_in_its_processes(tuned_dir, mon
 def test_the_package_ships_only_well_formed_configs():
     """Every shipped file parses as SGLang's loader reads it, for block-FP8 experts."""
     keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
-    for path in moe.TUNED.glob("*.json"):
+    shipped = sorted(moe.TUNED.glob("*.json"))
+    if not shipped:
+        pytest.skip("sglang_glm/moe_configs ships no tuned file yet (scripts/gpu_bench.sh moe writes them)")
+    for path in shipped:
         assert path.name.startswith("E=") and path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128].json")
         for m, cfg in json.loads(path.read_text()).items():
             assert int(m) > 0 and set(cfg) == keys and 128 % cfg["BLOCK_SIZE_K"] == 0, (path.name, m, cfg)

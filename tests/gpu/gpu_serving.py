@@ -160,6 +160,7 @@ class Agreement:
                 "max_logprob_error": self.max_logprob_error, "margin": self.margin}
 
     def assert_agrees(self) -> None:
+        assert self.positions > 0, "nothing was judged"
         assert not self.disagree, f"served tokens disagree with the reference above the margin: {self.as_dict()}"
         assert self.near_ties <= MAX_NEAR_TIE_FRACTION * self.positions, self.as_dict()
         assert self.max_logprob_error <= self.margin / 2, (

@@ -34,8 +34,10 @@ def test_first_long_prompt_compiles_nothing(models):
         t0 = time.perf_counter()
         generate(url, [prompt], max_new_tokens=8)
         first_s = time.perf_counter() - t0
-    builds = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    assert log.exists(), "the compile probe logged nothing: it did not load in the server, so it proves nothing"
+    builds = [json.loads(line) for line in log.read_text().splitlines()]
     in_request = [b for b in builds if b["time"] > ready]
     record("cold_long_prompt", first_request_s=round(first_s, 3), builds_at_start_up=len(builds) - len(in_request),
            builds_in_request=len(in_request), kernels=sorted({b["kernel"] for b in in_request}))
+    assert len(builds) > len(in_request), "no build at start-up: the probe saw no process's kernels"
     assert not in_request, f"{len(in_request)} kernel variants compiled inside the request: {in_request[:5]}"

@@ -115,7 +115,8 @@ def test_mtp_under_load_with_retraction_aborts_and_disconnects(models):
             results = dict(f.result() for f in futures)
         idle = wait_idle(url)  # aborted and dropped requests leave the server within a few rounds
         health = requests.get(f"{url}/health", timeout=30).status_code
-        after = generate_one(url, prompts[0])["output_ids"] if 0 in alone else None
+        first = min(alone)  # a request served alone before the load, served again after it
+        after = generate_one(url, prompts[first])["output_ids"]
 
     completed = {i: r for i, r in results.items() if kinds[i] in ("plain", "stream")}
     partings = {i: parting(path, prompts[i], alone[i], r["output_ids"]) for i, r in completed.items()}
@@ -128,4 +129,8 @@ def test_mtp_under_load_with_retraction_aborts_and_disconnects(models):
     far = {i: p for i, p in partings.items() if p and p[1] > MARGIN}
     assert not far, f"loaded requests parted from their single-request tokens above the margin: {far}"
     assert retractions > 0, "no request was retracted: the test does not exercise retraction"
-    assert after is None or after == alone[0] or parting(path, prompts[0], alone[0], after)[1] <= MARGIN
+    # an aborted stream ends within a few rounds of /abort_request (session 18: 6-7 chunks); one that
+    # ran on would stream >= LONG_TOKENS / 4 chunks (at most 4 tokens a round)
+    aborted = {i: results[i] for i in range(CLIENTS) if kinds[i] == "abort"}
+    assert aborted and all(chunks < 50 for chunks in aborted.values()), aborted
+    assert after == alone[first] or parting(path, prompts[first], alone[first], after)[1] <= MARGIN
