@@ -244,3 +244,12 @@ def test_start_up_line_and_plans(fake, caplog, monkeypatch):
     plans = [c for c in fake.calls if c[0] == "plan"]
     assert [len(c[1]) for c in plans] == list(range(65, 513))  # every FP8 row count served, once per process
     assert fm.flashmla_on(torch.device("cpu")).describe(32, True).startswith("sparse MLA on Triton")
+
+
+def test_the_opt_in_takes_1_or_0_only(monkeypatch):
+    for value, on in [("1", True), ("0", False), ("", False)]:
+        monkeypatch.setenv(fm.OPT_IN_ENV, value)
+        assert fm.opted_in() is on
+    monkeypatch.setenv(fm.OPT_IN_ENV, "true")  # was silently off
+    with pytest.raises(ValueError, match="SGLANG_GLM_FLASHMLA='true'; use 1"):
+        fm.opted_in()

@@ -40,9 +40,17 @@ def compute_capability(device: torch.device) -> Optional[tuple[int, int]]:
     return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
 
 
+def opted_in() -> bool:
+    value = os.environ.get(OPT_IN_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{OPT_IN_ENV}={value!r}; use 1 (sparse MLA on FlashMLA for the shapes it was "
+                         f"measured faster on) or 0 / unset (Triton everywhere)")
+    return value == "1"
+
+
 def _load_kernels(device: torch.device):
     """(the flash_mla module, None) where its legacy kernels run, else (None, why not)."""
-    if os.environ.get(OPT_IN_ENV) != "1":
+    if not opted_in():
         return None, f"opt-in until its served speed is measured: {OPT_IN_ENV}=1"
     if compute_capability(device) != (9, 0):
         return None, "its legacy kernels run on SM90 only"

@@ -28,6 +28,7 @@ from sglang_glm.layer_plan import LayerPlan
 from sglang_glm.models.attention import GlmDsaAttention
 from sglang_glm.models.weights import (
     CheckpointAccounting,
+    CheckpointError,
     dequantized_weight,
     expert_params_mapping,
     load_tensor,
@@ -48,11 +49,10 @@ class GlmDsaDecoderLayer(nn.Module):
             config, settings, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
         )
         mlp_types = getattr(config, "mlp_layer_types", None)
-        is_moe = (
-            mlp_types[layer_id] == "sparse"
-            if mlp_types is not None and layer_id < len(mlp_types)
-            else layer_id >= config.first_k_dense_replace
-        )
+        if mlp_types is not None and (layer_id >= len(mlp_types) or mlp_types[layer_id] not in ("dense", "sparse")):
+            raise ValueError(f"mlp_layer_types = {list(mlp_types)} names no 'dense' or 'sparse' for layer {layer_id}; "
+                             f"use the config.json that came with these weights")
+        is_moe = mlp_types[layer_id] == "sparse" if mlp_types is not None else layer_id >= config.first_k_dense_replace
         if is_moe:
             self.mlp = DeepseekV2MoE(
                 config, layer_id, quant_config=quant_config, prefix=add_prefix("mlp", prefix)
@@ -247,7 +247,8 @@ class GlmMoeDsaForCausalLM(nn.Module):
         params = dict(self.named_parameters())
         accounting = CheckpointAccounting(self.config, self.plan, self.start_layer, self.end_layer, params)
         expert_mapping = expert_params_mapping(self.config)
-        pending_fused: dict = {}
+        pending_fused: dict = {}  # FP8 halves of the fused indexer projection waiting for their other half
+        fused_parts: dict[str, set] = {}
         for name, tensor in weights:
             if not accounting.admit(name, tensor):
                 continue
@@ -260,10 +261,15 @@ class GlmMoeDsaForCausalLM(nn.Module):
                 # SGLang's CUDA indexer keeps wk and weights_proj fused where its kernels allow.
                 from sglang_glm.attention.sglang_dsa import SGLangDsaIndexer
 
-                SGLangDsaIndexer.load_fused_shard(name, tensor, params, pending_fused, self.quant_config)
-                accounting.loaded.add(fused)
-                continue
+                if SGLangDsaIndexer.load_fused_shard(name, tensor, params, pending_fused, self.quant_config):
+                    fused_parts.setdefault(fused, set()).add("wk" if ".indexer.wk." in name else "weights_proj")
+                    continue
             accounting.loaded.add(load_tensor(params, expert_mapping, name, tensor, type(self).__name__))
+        if pending_fused:
+            raise CheckpointError(f"FP8 indexer tensors without their scale, or scales without their weight: "
+                                  f"{sorted(pending_fused)}; use the complete checkpoint")
+        # the fused parameter is loaded once both its halves are (else finish() names it)
+        accounting.loaded.update(f for f, parts in fused_parts.items() if parts == {"wk", "weights_proj"})
         accounting.finish(params)
         self.post_load_weights()
 

@@ -108,6 +108,11 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
     def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = "",
                  settings: Optional[GlmDsaSettings] = None):
         super().__init__()
+        mtp_layers = getattr(config, "num_nextn_predict_layers", 1)
+        if mtp_layers != 1:  # a second MTP layer's tensors would be loaded by nobody
+            raise ValueError(f"num_nextn_predict_layers = {mtp_layers!r}: the MTP draft serves GLM-5's one MTP "
+                             f"layer, applied recursively; use a checkpoint with one, or serve without "
+                             f"--speculative-algorithm")
         # The target's settings, resolved from the same config and launch.
         self.settings = settings = settings or GlmDsaSettings.for_this_process(config)
         self.config = config = module_config(config)
