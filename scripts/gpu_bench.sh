@@ -17,6 +17,13 @@
 # peer         30     bench_gpu + peer_report, G: SGLang's own GLM-DSA path (no plugin) against the plugin, one run
 #                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
 #                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA]
+#                     Issue 30's whole table in five calls (two servers each; peer_report.py merges their
+#                     results.jsonl): PEER_RUNS=
+#                       "indexcache:decode_b1,decode_b8,decode_b32,decode_b64,prefill_4k,prefill_32k"
+#                       "indexcache:decode_32k_b1,decode_32k_b8,decode_32k_b32,decode_32k_b64,prefill_128k"
+#                       "fp8_kv:decode_b1,decode_b32,decode_32k_b1,prefill_32k"
+#                       "eagle_3_4:decode_b1,decode_b8,decode_b32"
+#                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at

@@ -139,6 +139,10 @@ WORKLOADS = {
     "decode_b8": Workload(4096, 256, 8, 8, 15),
     "decode_b32": Workload(4096, 256, 32, 32, 25),
     "decode_b64": Workload(4096, 256, 64, 64, 35),
+    "decode_32k_b1": Workload(32768, 256, 1, 2, 15),  # issue 30's peer table: decode at 4K and 32K
+    "decode_32k_b8": Workload(32768, 256, 8, 8, 30),
+    "decode_32k_b32": Workload(32768, 128, 32, 32, 60),
+    "decode_32k_b64": Workload(32768, 128, 64, 64, 90),
     "decode_128k_b1": Workload(131072, 128, 1, 2, 25),
     "decode_128k_b8": Workload(131072, 128, 8, 8, 70),
     "text_b1": Workload(0, 256, 1, 4, 15, "text"),
