@@ -140,7 +140,7 @@ def _plan_from_fields(fields: Mapping[str, Any], num_layers: int, source: str) -
     for plan in candidates:
         if len(plan) != num_layers:
             raise LayerPlanError(
-                f"{plan.source} has {len(plan)} entries but the model has num_hidden_layers = "
+                f"{plan.source} ({plan.pattern}) has {len(plan)} entries but the model has num_hidden_layers = "
                 f"{num_layers}; give exactly one entry per layer (the MTP layer is not listed: "
                 f"it always owns an indexer)"
             )

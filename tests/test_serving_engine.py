@@ -1,7 +1,9 @@
 """GLM-DSA served by real SGLang (sglang.Engine, CPU, float32) with the plugin == transformers.
 
-Every case has a control that shows it can fail: removing sparsity or changing the plan changes
-the tokens, so agreement with transformers is not an accident of a degenerate model.
+The tiny checkpoints' controls show the cases can fail: on them, removing sparsity or changing the
+plan changes the tokens (test_plan_override_and_controls; the shared-plan checkpoint's own dense
+control in test_shared_plan_checkpoint_matches_transformers, whose model the TP, PP and mixed-batch
+cases serve), so agreement with transformers is not an accident of a degenerate model.
 """
 
 import pytest
@@ -48,6 +50,7 @@ def ckpt_shared(tmp_path_factory):
 def test_shared_plan_checkpoint_matches_transformers(ckpt_shared):
     """Batch of ragged prompts longer than top-k, chunked prefill, radix-cache hit."""
     want = hf_greedy(ckpt_shared, PROMPTS + [LONG_PROMPT], NEW_TOKENS)
+    assert hf_greedy(ckpt_shared, PROMPTS, NEW_TOKENS, index_topk=4096) != want[:4]  # control: sparsity matters
     with engine(ckpt_shared, chunked_prefill_size=64, page_size=64) as llm:
         assert greedy(llm, PROMPTS, NEW_TOKENS) == want[:4]
         assert greedy(llm, [LONG_PROMPT], NEW_TOKENS) == want[4:]
