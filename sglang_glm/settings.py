@@ -95,7 +95,10 @@ def _field(hf_config: Any, override: Mapping[str, Any], name: str, kind: type, d
     """A plugin field from the override, else the config, checked for its type (bool is not an int,
     and "false" is not a bool)."""
     value = override.get(name, getattr(hf_config, name, default))
-    ok = isinstance(value, bool) if kind is bool else (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    else:  # a positive integer
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
     if not ok:
         raise ValueError(f"{name} = {value!r}; use {use}")
     return value

@@ -6,9 +6,9 @@ Accounting: what is skipped, what must be there.
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
 log line; a full layer missing indexer tensors, any other parameter the checkpoint does not fill, or
-tensors for layers the model does not have, stop loading with an error that names them. Under pipeline parallelism each rank loads its stage
-[start_layer, end_layer) (and the embedding, final norm and lm head where it holds them) and counts
-the rest as other stages' tensors.
+tensors for layers the model does not have, stop loading with an error that names them. Under
+pipeline parallelism each rank loads its stage [start_layer, end_layer) (and the embedding, final
+norm and lm head where it holds them) and counts the rest as other stages' tensors.
 """
 
 from __future__ import annotations
