@@ -131,3 +131,13 @@ def test_dummy_load_format_serves_target_and_mtp(tmp_path):
         outs = llm.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 6})
     assert [len(o["output_ids"]) for o in outs] == [6, 6]
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)  # the MTP draft ran
+
+
+def test_second_mtp_layer_fails(tmp_path):
+    """A config with two MTP layers: the second one's tensors would be loaded by nobody."""
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 2}))
+    log = failed_launch(ckpt, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    assert "num_nextn_predict_layers = 2: the MTP draft serves GLM-5's one MTP layer" in log, log[-3000:]

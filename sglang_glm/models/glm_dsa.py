@@ -48,14 +48,9 @@ class GlmDsaDecoderLayer(nn.Module):
         self.self_attn = GlmDsaAttention(
             config, settings, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
         )
+        # transformers' GlmMoeDsaConfig checks mlp_layer_types' length and entries ("dense" / "sparse")
         mlp_types = getattr(config, "mlp_layer_types", None)
-        if mlp_types is None:
-            is_moe = layer_id >= config.first_k_dense_replace
-        elif layer_id < len(mlp_types) and mlp_types[layer_id] in ("dense", "sparse"):
-            is_moe = mlp_types[layer_id] == "sparse"
-        else:
-            raise ValueError(f"mlp_layer_types = {list(mlp_types)} names no 'dense' or 'sparse' for layer "
-                             f"{layer_id}; use the config.json that came with these weights")
+        is_moe = mlp_types[layer_id] == "sparse" if mlp_types is not None else layer_id >= config.first_k_dense_replace
         if is_moe:
             self.mlp = DeepseekV2MoE(
                 config, layer_id, quant_config=quant_config, prefix=add_prefix("mlp", prefix)
