@@ -42,7 +42,8 @@
 #                     by phase, a second start on a warm Triton cache
 # BENCH_TIMEOUT: seconds for the serving part (all but rounds, overlap, prefill, tokenmap); gemm, moe: TUNE_TIMEOUT too.
 #
-# What the modes need beside the tree and .gpu/ (../shared/gpu/prepare.sh):
+# What the modes need beside the tree and .gpu/ (`bash scripts/prepare_device_carry.sh` builds .gpu/, the
+# models aside, which `scripts/device_tree.sh out MODEL_DIR` packs; each piece by hand:)
 # - C: .gpu/models/*.tar.xz (the carry model).
 # - before/after modes (ingraph, ingraph_mtp, topk): .gpu/before_tree, a plugin tree, e.g.
 #   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.

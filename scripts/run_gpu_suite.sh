@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite (tests/gpu) on a CUDA machine, with real SGLang 0.5.23 set up by the shared recipe.
 # Needs .gpu/ next to this repo's root, built on a CPU machine with registry access by
-#   bash ../shared/gpu/prepare.sh .gpu          (git-ignored; carried to the GPU machine)
+#   bash scripts/prepare_device_carry.sh        (git-ignored; carried to the GPU machine)
 # usage: bash scripts/run_gpu_suite.sh [pytest args]. Writes gpu_suite.log, deep_gemm_probe.log (with
 # .gpu/deepgemm), results.tar.gz (server logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled
 # kernels, for .gpu/carry/) to $OUT.
