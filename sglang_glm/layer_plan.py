@@ -84,6 +84,11 @@ class LayerPlan:
         )
 
 
+def is_positive_int(value: Any) -> bool:
+    """An integer >= 1; bool is an int in Python and is not one here."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def _indexer_types(types: Any, source: str) -> tuple:
     """indexer_types as a list or its JSON text (a launch override passes either)."""
     fix = 'use a list with one entry per layer, e.g. ["full", "shared", "shared", "shared"]'
@@ -119,12 +124,12 @@ def _plan_from_fields(fields: Mapping[str, Any], num_layers: int, source: str) -
             freq = 1
         if offset is None:
             offset = 2
-        if not isinstance(freq, int) or isinstance(freq, bool) or freq < 1:
+        if not is_positive_int(freq):
             raise LayerPlanError(
                 f"{source} index_topk_freq = {freq!r}; it must be an integer >= 1 "
                 f"(1 = every layer full, 4 = one full layer in four)"
             )
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 1:
+        if not is_positive_int(offset):
             raise LayerPlanError(
                 f"{source} index_skip_topk_offset = {offset!r}; it must be an integer >= 1 (the first "
                 f"layer the frequency counts from; layer 0 is always full)"

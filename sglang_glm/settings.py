@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang_glm.attention.backends import SGLANG_DSA_BACKEND
-from sglang_glm.layer_plan import LayerPlan, resolve_layer_plan
+from sglang_glm.layer_plan import LayerPlan, is_positive_int, resolve_layer_plan
 from sglang_glm.mtp.recycle import FIELD as RECYCLE_FIELD, resolve_recycle_policy
 
 # Which indexer module a full layer owns.
@@ -95,11 +95,7 @@ def _field(hf_config: Any, override: Mapping[str, Any], name: str, kind: type, d
     """A plugin field from the override, else the config, checked for its type (bool is not an int,
     and "false" is not a bool)."""
     value = override.get(name, getattr(hf_config, name, default))
-    if kind is bool:
-        ok = isinstance(value, bool)
-    else:  # a positive integer
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    if not ok:
+    if not (isinstance(value, bool) if kind is bool else is_positive_int(value)):
         raise ValueError(f"{name} = {value!r}; use {use}")
     return value
 
@@ -113,13 +109,9 @@ def parse_override(override: Mapping[str, Any] | str | None) -> dict[str, Any]:
 
 def resolve_draft_prefill_graphs(hf_config: Any, override: Mapping[str, Any] | None = None) -> bool:
     """`mtp_draft_prefill_graphs` from the launch override, else the config; False when absent."""
-    value = (override or {}).get(DRAFT_PREFILL_GRAPHS, getattr(hf_config, DRAFT_PREFILL_GRAPHS, False))
-    if not isinstance(value, bool):
-        raise ValueError(
-            f"{DRAFT_PREFILL_GRAPHS} = {value!r}; use true (the MTP draft's prefill replays SGLang's "
-            "breakable prefill graphs, with --cuda-graph-backend-prefill breakable) or false"
-        )
-    return value
+    return _field(hf_config, override or {}, DRAFT_PREFILL_GRAPHS, bool, False,
+                  "true (the MTP draft's prefill replays SGLang's breakable prefill graphs, with "
+                  "--cuda-graph-backend-prefill breakable) or false")
 
 
 def module_config(hf_config: Any) -> Any:

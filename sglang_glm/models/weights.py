@@ -151,7 +151,7 @@ class CheckpointAccounting:
             )
         # any other parameter left at its initial values would serve garbage (an unloaded FP8 block
         # scale stays at float32's minimum)
-        other = [name for name in unloaded if name not in missing and not name.endswith(_OPTIONAL)]
+        other = [name for name in unloaded if not name.endswith(_OPTIONAL)]
         if other:
             layers = sorted({int(m.group(1)) for m in map(_LAYER.match, other) if m})
             raise CheckpointError(
