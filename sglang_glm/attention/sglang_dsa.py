@@ -1,8 +1,9 @@
 """GPU deployments with SGLang's own CUDA `dsa` attention backend (`--attention-backend dsa`).
 
-Not run with the plugin: it needs FlashMLA and DeepGEMM; sgl-flash-mla 1.0.0 runs on this project's
-H200, but the DeepGEMM SGLang pins (0.2.3.post2) does not load under its torch 2.11 (a newer torch's
-symbol), so this path is exercised on CPU only as far as its plumbing goes (tests/test_cuda_plumbing.py).
+Not yet run with the plugin. It needs FlashMLA and DeepGEMM: sgl-flash-mla 1.0.0 runs on this project's
+H200, and so does the DeepGEMM `scripts/build_deep_gemm.sh` builds for its torch 2.11 (session 23: it
+served SGLang's own GLM-DSA path there; SGLang's pin, 0.2.3.post2, does not load). So far this path is
+exercised on CPU only as far as its plumbing goes (tests/test_cuda_plumbing.py).
 Full layers own SGLang's `Indexer` (FP8 index-K pool, DeepGEMM logits, CUDA top-k); its top-k
 goes through the plugin's `TopkBuffer` into `RadixAttention(..., topk_indices=...)` like every
 other backend, so IndexCache sharing works the same way.

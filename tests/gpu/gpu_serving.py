@@ -159,6 +159,13 @@ class Agreement:
                 "disagree": len(self.disagree), "first_disagreements": self.disagree[:5],
                 "max_logprob_error": self.max_logprob_error, "margin": self.margin}
 
+    def __add__(self, other: "Agreement") -> "Agreement":
+        """Two judgments of one server as one: the near-tie bound is a fraction of all its positions."""
+        assert self.margin == other.margin, (self.margin, other.margin)
+        return Agreement(self.positions + other.positions, self.agree + other.agree,
+                         self.near_ties + other.near_ties, self.disagree + other.disagree,
+                         max(self.max_logprob_error, other.max_logprob_error), self.margin)
+
     def assert_agrees(self) -> None:
         assert self.positions > 0, "nothing was judged"
         assert not self.disagree, f"served tokens disagree with the reference above the margin: {self.as_dict()}"

