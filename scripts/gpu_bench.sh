@@ -24,6 +24,8 @@
 #                       "fp8_kv:decode_b1,decode_b32,decode_32k_b1,prefill_32k"
 #                       "eagle_3_4:decode_b1,decode_b8,decode_b32"
 #                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
+# peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
+#                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT]
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at
@@ -75,6 +77,24 @@ export SGLANG_DG_CACHE_DIR=/tmp/dgcache DG_JIT_CACHE_DIR=/tmp/dgcache
 [ -f .gpu/carry/dgcache.tar.gz ] && mkdir -p /tmp/dgcache && tar xzf .gpu/carry/dgcache.tar.gz -C /tmp/dgcache
 DEEPGEMM_WHL=$(ls .gpu/deepgemm/sgl_deep_gemm-*.whl 2>/dev/null | head -1)
 cd benchmarks/serving/gpu
+# SGLang's own GLM-DSA path's packages (peer, peer_profile): FlashMLA, and DeepGEMM where it runs here
+peer_site() {
+  rm -rf /tmp/site_peer  # a machine kept warm still holds the last call's packages (--target adds, never removes)
+  python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
+    ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || return 1
+  # a deep_gemm that fails to import or to run is worse than none (scripts/deep_gemm_runs.py says why)
+  if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 ../../../scripts/deep_gemm_runs.py \
+      > "$WORK/deep_gemm_probe.log" 2>&1; then
+    head -1 "$WORK/deep_gemm_probe.log"; tail -1 "$WORK/deep_gemm_probe.log"
+    echo "deep_gemm does not run here: the peer's indexer runs on torch"
+    rm -rf /tmp/site_peer/deep_gemm
+  fi
+}
+# the plugin with FlashMLA's wheel in one directory: --plugin puts it first on a server's PYTHONPATH
+plugin_flashmla() {
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
+    ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl
+}
 case "$1" in
   shapes)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
@@ -95,24 +115,14 @@ case "$1" in
       limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
-    rm -rf /tmp/site_peer  # a machine kept warm still holds the last call's packages (--target adds, never removes)
-    python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_peer ../../../.gpu/peer/sgl_flash_mla-*.whl \
-      ${DEEPGEMM_WHL:+../../../$DEEPGEMM_WHL} || exit 1
-    # a deep_gemm that fails to import or to run is worse than none (scripts/deep_gemm_runs.py says why)
-    if [ -d /tmp/site_peer/deep_gemm ] && ! PYTHONPATH=/tmp/site_peer:$PYTHONPATH python3 ../../../scripts/deep_gemm_runs.py \
-        > "$WORK/deep_gemm_probe.log" 2>&1; then
-      head -1 "$WORK/deep_gemm_probe.log"; tail -1 "$WORK/deep_gemm_probe.log"
-      echo "deep_gemm does not run here: the peer's indexer runs on torch"
-      rm -rf /tmp/site_peer/deep_gemm
-    fi
+    peer_site || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     # PEER_FLASHMLA=1: the plugin side is the plugin with FlashMLA on its path and switched on (as
     # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla
     side=""
     if [ "${PEER_FLASHMLA:-0}" = 1 ]; then
       export SGLANG_GLM_FLASHMLA=1
-      python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
-        ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1
+      plugin_flashmla || exit 1
       side="@flashmla"
     fi
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
@@ -120,6 +130,20 @@ case "$1" in
       $(for r in ${PEER_RUNS:-indexcache:decode_b1,decode_b32,prefill_32k fp8_kv:decode_b1,decode_b32}; do
           echo --run "${r%%:*}@sglang:${r#*:}" --run "${r%%:*}$side:${r#*:}"; done) 2>&1 | tee "$WORK/peer.log"
     python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
+  peer_profile)
+    # issue 30's gap named per part: one prefill of PEER_PROFILE_CONTEXT tokens (default 32K: two 16K
+    # chunks, so two forward steps) profiled by kernel family on SGLang's own path, the plugin, and the
+    # plugin with FlashMLA switched on; the archive is refreshed after each
+    peer_site || exit 1
+    plugin_flashmla || exit 1
+    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    ctx=${PEER_PROFILE_CONTEXT:-32768}
+    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) --no-stack"
+    pack() { tar czf "$OUT/peer_profile.tgz" -C "$WORK" --exclude='*.json.gz' .; }
+    { limit 200 $P --peer-site /tmp/site_peer --label sglang; pack
+      limit 150 $P --label plugin; pack
+      SGLANG_GLM_FLASHMLA=1 limit 150 $P --plugin /tmp/plugin_flashmla --label plugin_flashmla; } 2>&1 \
+      | tee "$WORK/peer_profile.log" ;;
   ingraph)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
@@ -166,9 +190,7 @@ case "$1" in
       2>&1 | tee -a "$WORK/tokenmap.log" ;;
   flashmla)
     export SGLANG_GLM_FLASHMLA=1  # the opt-in; the Triton side's servers have no wheel to take it up
-    # the plugin and the wheel in one directory: --plugin puts it first on a server's PYTHONPATH
-    python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
-      ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl || exit 1
+    plugin_flashmla || exit 1
     # DeepGEMM only in the kernel benchmark's path: importable in a server, it would turn on SGLang's
     # DeepGEMM FP8 GEMMs (and their minutes-long precompile) for the plugin's linears too
     [ -n "$DEEPGEMM_WHL" ] && python3 -m pip install -q --no-deps --no-index --upgrade --target /tmp/site_dg \
@@ -226,6 +248,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
 esac
 exit $?

@@ -16,7 +16,8 @@ spans), each with its GPU time, graph replays and eager launches, and the round'
     python benchmarks/serving/gpu/profile_decode.py --model /tmp/glm52 --out DIR --from-trace T.trace.json.gz
 
 `--text` sends held-out text (a trained model then accepts drafts as in service); `--plugin DIR` serves
-a plugin installed there (a before/after pair in one run). `--from-trace` summarises a trace written
+a plugin installed there (a before/after pair in one run); `--peer-site DIR` serves SGLang's own GLM-DSA
+path instead, as bench_gpu.py's `CONFIG@sglang` does (issue 30: the gap named per part). `--from-trace` summarises a trace written
 earlier (same --batch/--context/--steps) without serving. Traces carry Python stacks unless
 `--no-stack` (stack tracing inflates host times: use it for round timings): each kernel is
 attributed to the innermost plugin frame (`sglang_glm/...`) or, failing that, SGLang frame that
@@ -44,15 +45,19 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import HELDOUT, configs, hardware, server_setup
-
+from bench_gpu import HELDOUT, PEER_POOL_ARGS, configs, hardware, server_setup
+from sglang_glm_tools import peer
 from sglang_glm_tools.serving_bench import server
 
 # First match wins; names are the kernels' own (Triton function names, SGLang JIT and CUTLASS symbols).
 FAMILIES = [
-    ("indexer logits", r"_indexer_logits_kernel"),
+    # the plugin's Triton kernels (both indexer launches, the Hopper Gluon sparse MLA); SGLang's own path's
+    # DeepGEMM MQA logits and FlashMLA's sparse prefill / decode / combine kernels (the peer)
+    ("indexer logits", r"_indexer_logits|mqa_logits"),
     ("top-k select", r"_sample_bound_kernel|_candidates_kernel|_select_kernel"),
-    ("sparse MLA", r"_sparse_mla_fwd_kernel|_merge_splits_kernel"),
+    ("sparse MLA", r"sparse_mla_fwd|_merge_splits_kernel|sparse_attn_fwd|flash_fwd_splitkv_mla|mla_combine"),
+    # torch.topk: the peer's indexer top-k (--dsa-topk-backend torch), or MoE routing where it calls it
+    ("torch top-k", r"gatherTopK|sbtopk|radixSelect"),
     ("MoE experts", r"fused_moe"),
     ("MoE routing", r"moe_align|count_and_sort|topk_softmax|grouped_topk|moe_fused_gate|moe_sum|biased|topk"),
     ("FP8 block GEMM", r"w8a8|block_fp8|_per_token_group_quant|per_token_group_quant"),
@@ -312,16 +317,21 @@ def main() -> None:
     ap.add_argument("--no-stack", action="store_true",
                     help="record without Python stacks: true host times, no per-frame attribution")
     ap.add_argument("--plugin", type=Path, default=None, help="serve a plugin installed in this directory")
+    ap.add_argument("--peer-site", type=Path, default=None,
+                    help="serve SGLang's own GLM-DSA path instead, its FlashMLA (and DeepGEMM) installed here "
+                         "(bench_gpu.py's CONFIG@sglang)")
     ap.add_argument("--label", default=None, help="names the output files (default: the config)")
     ap.add_argument("--timeout-s", type=float, default=400, help="give up waiting for the prefills after this")
     ap.add_argument("--from-trace", type=Path, default=None, help="summarise this trace instead of serving")
     ap.add_argument("--eager", action="store_true", help="serve with --disable-cuda-graph")
     ap.add_argument("--prefill", action="store_true",
                     help="profile the batch's prefill instead: the profile starts on an idle server, then the B "
-                         "requests arrive (use --steps 1: the first forward step is their prefill)")
+                         "requests arrive (--steps: the prefill's forward steps, one per --chunked-prefill-size chunk)")
     ap.add_argument("--server-args", default="",
                     help="appended to the config's server flags, one string: --server-args='--mem-fraction-static 0.08'")
     args = ap.parse_args()
+    if args.peer_site and args.plugin:
+        ap.error("--peer-site serves SGLang's own path, --plugin a plugin copy: one of them")
     args.model, args.out = args.model.resolve(), args.out.resolve()
     cfg = json.loads((args.model / "config.json").read_text())
     label = (args.label or args.config) + ("_eager" if args.eager else "") + ("_prefill" if args.prefill else "")
@@ -357,10 +367,16 @@ def record_traces(args, cfg: dict, label: str) -> None:
     every request decodes (with --prefill: from the moment they arrive), summarised at once, then every
     request aborted before the next batch size."""
     _, extra, _ = server_setup(args.model, gpu=True)
-    if args.plugin:  # its directory first, and servers started away from the working tree (bench_gpu.py)
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(args.plugin.resolve()), os.environ.get("PYTHONPATH", "")])
-    flags = [*configs(cfg["num_hidden_layers"], args.model)[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else []),
-             *shlex.split(args.server_args)]
+    site = args.peer_site or args.plugin
+    if site:  # its directory first, and servers started away from the working tree (bench_gpu.py)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(site.resolve()), os.environ.get("PYTHONPATH", "")])
+    flags = [*configs(cfg["num_hidden_layers"], args.model)[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else [])]
+    if args.peer_site:  # as bench_gpu.py serves the peer: its environment, flags and pool
+        os.environ.update(peer.env(args.peer_site))
+        own = peer.flags(flags)
+        flags += own + PEER_POOL_ARGS
+        print(f"  SGLang's own path, indexer on {peer.indexer(args.peer_site)}: {' '.join(own)}", flush=True)
+    flags += shlex.split(args.server_args)
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)
     t0 = time.time()
