@@ -1,6 +1,6 @@
 """profile_decode.py's kernel families: every DSA kernel, the plugin's and SGLang's own path's, is named.
 
-Sessions 13-23's profiles counted the plugin's Hopper sparse-MLA kernel and its blocked indexer launch
+The round profiles of sessions 15-16 counted the plugin's Hopper sparse-MLA kernel and its blocked indexer launch
 as "other" (their names did not match the families' patterns); the kernels are listed here from
 `glm_dsa_kernels` itself, so a renamed or new one is caught.
 """
