@@ -35,3 +35,7 @@ esac
 tree=$({ git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)
 gpu=$(du -sb .gpu 2>/dev/null | cut -f1 || echo 0)
 echo "tree $((tree / 1048576)) MiB + .gpu $((${gpu:-0} / 1048576)) MiB (a device call carries 64 MiB at most)"
+# a call that runs without SGLang's own path needs neither .gpu/peer nor .gpu/deepgemm: carry the rest by name
+[ $((tree + ${gpu:-0})) -gt $((64 << 20)) ] && echo "over 64 MiB: carry [.gpu/carry, .gpu/whl, .gpu/stub," \
+  ".gpu/device_env.sh] where no peer runs, or move .gpu/carry/jitcache.tar.gz aside (SGLang then compiles its JIT kernels)"
+true
