@@ -380,9 +380,12 @@ def record_traces(args, cfg: dict, label: str) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)
     t0 = time.time()
-    with server(args.model, flags, args.out / f"server_profile_{label}.log", max(args.batch)) as (url, err):
+    log = args.out / f"server_profile_{label}.log"
+    with server(args.model, flags, log, max(args.batch)) as (url, err):
         if err:
             raise SystemExit(f"server did not start: {err}")
+        if args.peer_site and peer.PLUGIN_MODEL_LOG_LINE in log.read_text(errors="replace"):
+            raise SystemExit(f"{label}: the plugin's model served SGLang's own path's server")
         for batch in args.batch:
             trace_dir = args.out / f"trace_{label}_b{batch}"
             trace_dir.mkdir(parents=True, exist_ok=True)
