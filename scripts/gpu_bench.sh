@@ -62,7 +62,10 @@ mkdir -p "$OUT" "$WORK"
 # whatever the run made comes back, also when a step fails or is cut short
 # (and SGLang's JIT-compiled CUDA modules, for .gpu/carry/jitcache.tar.gz: ~2 minutes of nvcc otherwise)
 # (and DeepGEMM's, where a run used it: $OUT/dgcache.tar.gz, carried as .gpu/carry/dgcache.tar.gz)
-trap 'tar czf "$OUT/$1.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .
+# (modes whose steps may be cut short call pack between steps too)
+MODE=$1
+pack() { tar czf "$OUT/$MODE.tgz" -C "$WORK" --exclude="*.json.gz" --exclude=heldout_sharegpt.json .; }
+trap 'pack
       tar czf "$OUT/jitcache.tar.gz" -C /tmp/sgljit . 2>/dev/null
       [ -d /tmp/dgcache ] && tar czf "$OUT/dgcache.tar.gz" -C /tmp/dgcache .' EXIT
 # .gpu/ is git-ignored: a device call brings it only when asked (carry: [".gpu"])
@@ -110,7 +113,6 @@ case "$1" in
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     P="python3 profile_decode.py --model /tmp/models/glm5-geometry-carry --out $WORK --config eagle_3_4 --text --context 512"
     # the archive is refreshed after each profile, so a run cut short still brings back what it made
-    pack() { tar czf "$OUT/overlap.tgz" -C "$WORK" --exclude='*.json.gz' .; }
     { limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_overlap; pack
       limit 140 $P --batch 1 8 --steps 24 --no-stack --label eagle_3_4_no_overlap --server-args=--disable-overlap-schedule; pack
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
@@ -139,7 +141,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     ctx=${PEER_PROFILE_CONTEXT:-32768}
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) --no-stack"
-    pack() { tar czf "$OUT/peer_profile.tgz" -C "$WORK" --exclude='*.json.gz' .; }
     { limit 200 $P --peer-site /tmp/site_peer --label sglang; pack
       limit 150 $P --label plugin; pack
       SGLANG_GLM_FLASHMLA=1 limit 150 $P --plugin /tmp/plugin_flashmla --label plugin_flashmla; } 2>&1 \

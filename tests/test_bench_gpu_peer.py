@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 GPU_BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "serving" / "gpu"
 MODEL = Path(__file__).resolve().parents[1] / "assets" / "glm-dsa-mini"
 
@@ -45,3 +47,19 @@ def test_the_peer_indexer_runs_on_deep_gemm_only_where_the_site_holds_it(tmp_pat
     env = peer.env(tmp_path)
     assert "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH" not in env and env["SGLANG_ENABLE_JIT_DEEPGEMM"] == "0"
     assert env["SGLANG_PLUGINS"] == "gpu_standin"
+
+
+def test_peer_flags_and_log_check_shared_by_bench_gpu_and_profile_decode(tmp_path):
+    sys.path.insert(0, str(GPU_BENCH))
+    import bench_gpu
+    from sglang_glm_tools import peer
+
+    flags = bench_gpu.peer_flags(["--kv-cache-dtype", "fp8_e4m3"], tmp_path)
+    assert flags == ["--kv-cache-dtype", "fp8_e4m3", *peer.flags(["--kv-cache-dtype", "fp8_e4m3"]),
+                     *bench_gpu.PEER_POOL_ARGS]
+    log = tmp_path / "server.log"
+    log.write_text("SGLang's own model loaded\n")
+    bench_gpu.check_peer_log(log, "indexcache@sglang")
+    log.write_text(f"... {peer.PLUGIN_MODEL_LOG_LINE}F S S S) ...\n")
+    with pytest.raises(SystemExit, match="the plugin's model served"):
+        bench_gpu.check_peer_log(log, "indexcache@sglang")

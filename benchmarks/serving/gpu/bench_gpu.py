@@ -86,6 +86,19 @@ POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-cont
 # graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway)
 PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
 DUMMY_ARGS = ["--load-format", "dummy"]
+
+
+def peer_flags(flags: list[str], site: str | Path) -> list[str]:
+    """A config's flags as SGLang's own path serves them (its `dsa` backend and pool; later flags win)."""
+    own = peer.flags(flags)
+    print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {site}, indexer on {peer.indexer(site)}", flush=True)
+    return flags + own + PEER_POOL_ARGS
+
+
+def check_peer_log(log: Path, label: str) -> None:
+    """Stops where the plugin's model served a server meant for SGLang's own path."""
+    if peer.PLUGIN_MODEL_LOG_LINE in log.read_text(errors="replace"):
+        raise SystemExit(f"[{label}] the plugin's model served SGLang's own path's server")
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 # A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
 # PyTorch backend, which has no CUDA graphs.
@@ -310,10 +323,7 @@ def main() -> None:
         ts = time.time()
         flags = [*configs(n_layers, args.model)[name], *extra]
         if plugin == PEER:
-            own = peer.flags(flags)
-            flags += own + PEER_POOL_ARGS  # later flags win
-            print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {plugins[PEER]}, "
-                  f"indexer on {peer.indexer(plugins[PEER])}", flush=True)
+            flags = peer_flags(flags, plugins[PEER])
         else:
             print(f"  plugin: {origin['sglang_glm']}, kernels: {origin['glm_dsa_kernels']}", flush=True)
         file_label = f"{name}_{plugin}" if plugin else name  # no '@' in file names: the device tool refuses them
@@ -324,8 +334,8 @@ def main() -> None:
                     f.write(json.dumps({"config": name, "plugin": plugin, "error": err, "meta": meta}) + "\n")
                 continue
             startup_s = round(time.time() - ts, 1)
-            if plugin == PEER and peer.PLUGIN_MODEL_LOG_LINE in (args.out / f"server_{file_label}.log").read_text(errors="replace"):
-                raise SystemExit(f"[{label}] the plugin's model served SGLang's own path's server")
+            if plugin == PEER:
+                check_peer_log(args.out / f"server_{file_label}.log", label)
             for wname in workloads:
                 w = scaled(WORKLOADS[wname], scale)
                 left = args.deadline_s - (time.time() - t0)

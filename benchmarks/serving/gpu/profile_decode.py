@@ -45,7 +45,7 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import HELDOUT, PEER_POOL_ARGS, configs, hardware, server_setup
+from bench_gpu import HELDOUT, check_peer_log, configs, hardware, peer_flags, server_setup
 from sglang_glm_tools import peer
 from sglang_glm_tools.serving_bench import server
 
@@ -373,9 +373,7 @@ def record_traces(args, cfg: dict, label: str) -> None:
     flags = [*configs(cfg["num_hidden_layers"], args.model)[args.config], *extra, *(["--disable-cuda-graph"] if args.eager else [])]
     if args.peer_site:  # as bench_gpu.py serves the peer: its environment, flags and pool
         os.environ.update(peer.env(args.peer_site))
-        own = peer.flags(flags)
-        flags += own + PEER_POOL_ARGS
-        print(f"  SGLang's own path, indexer on {peer.indexer(args.peer_site)}: {' '.join(own)}", flush=True)
+        flags = peer_flags(flags, args.peer_site)
     flags += shlex.split(args.server_args)
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(args.out)
@@ -384,8 +382,8 @@ def record_traces(args, cfg: dict, label: str) -> None:
     with server(args.model, flags, log, max(args.batch)) as (url, err):
         if err:
             raise SystemExit(f"server did not start: {err}")
-        if args.peer_site and peer.PLUGIN_MODEL_LOG_LINE in log.read_text(errors="replace"):
-            raise SystemExit(f"{label}: the plugin's model served SGLang's own path's server")
+        if args.peer_site:
+            check_peer_log(log, label)
         for batch in args.batch:
             trace_dir = args.out / f"trace_{label}_b{batch}"
             trace_dir.mkdir(parents=True, exist_ok=True)
