@@ -120,7 +120,8 @@ def test_64_heads_served_on_flashmla(models, kv, args):
             mid = generate(url, [MID_PROMPT])
         # judged with the server's other requests: this model's greedy margins on the prompt are 0.002-0.12
         # nats at every position (float64 reference), below FP8 KV's rounding, so alone its 24 positions
-        # measure the prompt's flatness more than the kernel (session 23: 8 near ties, 0 disagreements)
+        # measure the prompt's flatness more than the kernel (session 23: 8 near ties, 0 disagreements;
+        # benchmarks/gpu_suite/reference_margins.py)
         mid_result = agreement(path, [MID_PROMPT], mid)
         record(f"{name}_mid_prompt", **mid_result.as_dict())
         served[kernel] += tokens(mid)
