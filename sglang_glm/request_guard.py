@@ -9,6 +9,7 @@ requests) dies on, taking the server down; others surface as a 500. Each check h
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -180,9 +181,46 @@ def check_shape(obj) -> None:
             )
 
 
-def check_before_parsing(sampling_params: dict, input_ids, vocab: int) -> None:
-    """One request's raw `sampling_params` dict and prompt token ids (None for embeddings)."""
+@functools.lru_cache(maxsize=1)
+def _byte_grammar_compiler():
+    # A vocabulary of the 256 bytes and an end token: whether a grammar can start or end at all does
+    # not depend on the model's tokens, and this compiles in milliseconds.
+    import xgrammar
+
+    info = xgrammar.TokenizerInfo([bytes([b]) for b in range(256)] + [b"<end>"], stop_token_ids=[256])
+    return xgrammar.GrammarCompiler(info, max_threads=1)
+
+
+@functools.lru_cache(maxsize=256)
+def _ebnf_can_start(ebnf: str) -> bool:
+    """Whether the grammar allows a first byte or the empty string (False: it matches no string)."""
+    import xgrammar
+
+    try:
+        compiled = _byte_grammar_compiler().compile_grammar(ebnf)
+    except RuntimeError:
+        return True  # a syntax error: SGLang's own compile answers it with a 400
+    mask = xgrammar.allocate_token_bitmask(1, 257)
+    xgrammar.GrammarMatcher(compiled).fill_next_token_bitmask(mask)
+    return bool(mask.any())
+
+
+def _ebnf_matches_something(ebnf) -> None:
+    # xgrammar compiles a grammar with no derivation (`root ::= root`); SGLang then samples a token the
+    # grammar refuses and answers 500 (with ignore_eos), or returns text outside the grammar.
+    if isinstance(ebnf, str) and not _ebnf_can_start(ebnf):
+        raise ValueError(
+            f"ebnf {ebnf[:200]!r} matches no string (no first character and no empty match: a rule "
+            "only refers to rules that never end); give root an alternative that ends in literals"
+        )
+
+
+def check_before_parsing(sampling_params: dict, input_ids, vocab: int, *, xgrammar: bool) -> None:
+    """One request's raw `sampling_params` dict and prompt token ids (None for embeddings);
+    `xgrammar`: the server compiles grammars with xgrammar (its default grammar backend)."""
     _stop_regexes_compile(sampling_params.get("stop_regex"))
+    if xgrammar:
+        _ebnf_matches_something(sampling_params.get("ebnf"))
     if input_ids is not None:
         if len(input_ids) == 0:
             raise ValueError(

@@ -336,6 +336,14 @@ FUZZER_FOUND = {
     # rid keys SGLang's request table: a list is unhashable, 500
     "v1_rid_list": ("/v1/completions", {"model": "default", "prompt": "x", "max_tokens": 2,
                                         "temperature": 0, "rid": []}, ["rid is a list"]),
+    # xgrammar compiles a grammar with no derivation; the sampled token is refused: 500 (CI fuzz seed 1735664107)
+    "v1_ebnf_matches_no_string": (
+        "/v1/completions", {"model": "default", "prompt": PROBE, "max_tokens": 3, "temperature": 0,
+                            "ebnf": "root ::= root", "ignore_eos": True},
+        ["ebnf 'root ::= root' matches no string"]),
+    "ebnf_matches_no_string": (
+        "/generate", {"input_ids": PROBE, "sampling_params": {**GREEDY, "ebnf": 'root ::= x\nx ::= x "a"'}},
+        ["matches no string"]),
 }
 
 

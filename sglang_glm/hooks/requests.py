@@ -9,6 +9,13 @@ from sglang_glm.attention.backends import on_cpu_engine
 from sglang_glm.hooks.base import Hook, is_glm_dsa, spec_server_args
 
 
+def _grammar_backend() -> str | None:
+    # SGLang resolves a None --grammar-backend to its default in the runtime context, not in server_args
+    from sglang.srt.runtime_context import get_exec
+
+    return get_exec().kernel.grammar_backend
+
+
 def _guard_glm_dsa_request(original, manager, obj, input_text, input_ids, *args, **kwargs):
     # SGLang 0.5.23 lets these through to the scheduler, which dies on them and takes the server
     # down, or answers 500; a clear 400 here keeps serving (ValueError becomes the HTTP error).
@@ -18,7 +25,9 @@ def _guard_glm_dsa_request(original, manager, obj, input_text, input_ids, *args,
 
     vocab = manager.model_config.vocab_size
     params = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
-    request_guard.check_before_parsing(params, input_ids, vocab)
+    request_guard.check_before_parsing(
+        params, input_ids, vocab, xgrammar=_grammar_backend() == "xgrammar"
+    )
     tokenized = original(manager, obj, input_text, input_ids, *args, **kwargs)
     if hasattr(tokenized, "sampling_params"):  # generation, not embedding
         request_guard.check_tokenized(
