@@ -17,9 +17,10 @@ case "${1:-}" in
     for model in "$@"; do
       tar cf - -C "$(dirname "$model")" "$(basename "$model")" | xz -T2 -6 > ".gpu/models/$(basename "$model").tar.xz"
     done
-    # jedi (4.9 MB) is an ipython dependency that no server imports (IPython guards it): its room
-    # carries the peer's wheels
-    { find assets -type f -size +1M; git ls-files benchmarks | grep /logs/; ls .gpu/whl/jedi-*.whl 2>/dev/null; } |
+    # jedi (4.9 MB) is an ipython dependency that no server imports (IPython guards it), and no device
+    # step reads the committed figures and result files (1.7 MB): their room carries the peer's wheels
+    { find assets -type f -size +1M; git ls-files benchmarks | grep -E '/logs/|\.(png|jsonl|tar\.gz|log)$'
+      ls .gpu/whl/jedi-*.whl 2>/dev/null; } |
     while read -r f; do
       [ -f "$f" ] || continue
       mkdir -p "$HELD/$(dirname "$f")" && mv "$f" "$HELD/$f"
@@ -35,7 +36,8 @@ esac
 tree=$({ git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)
 gpu=$(du -sb .gpu 2>/dev/null | cut -f1 || echo 0)
 echo "tree $((tree / 1048576)) MiB + .gpu $((${gpu:-0} / 1048576)) MiB (a device call carries 64 MiB at most)"
-# a call that runs without SGLang's own path needs neither .gpu/peer nor .gpu/deepgemm: carry the rest by name
+# a call that runs without SGLang's own path needs neither .gpu/peer nor .gpu/deepgemm, and none needs
+# .gpu/before_tree but the before/after modes: carry the rest by name
 [ $((tree + ${gpu:-0})) -gt $((64 << 20)) ] && echo "over 64 MiB: carry [.gpu/carry, .gpu/whl, .gpu/stub," \
-  ".gpu/device_env.sh] where no peer runs, or move .gpu/carry/jitcache.tar.gz aside (SGLang then compiles its JIT kernels)"
+  ".gpu/device_env.sh] and, where SGLang's own path runs, [.gpu/peer, .gpu/deepgemm]"
 true
