@@ -20,6 +20,11 @@ Two ways to grow the body, which bracket the answer:
 
 Speedup = acceptance x plain(N) / round(N); acceptance 3.48 is SGLang's published GLM-5-FP8 EAGLE
 3/1/4 figure (glm-dsa-facts), 3.65 the trained carry model's here.
+
+Checked against a measurement (session 24, results/glm52_deep_proxy.json): a 40-layer proxy served a
+batch-1 round at 1.73 plain steps where session 15's profiles project 1.34-1.41 for 40 layers. Those
+profiles predate the tuned block-FP8 GEMM configs, which sped the plain step up more than the verify:
+profile the tree being projected (`gpu_bench.sh rounds`) before reading a projection.
 """
 
 from __future__ import annotations
