@@ -86,6 +86,13 @@ POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-cont
 # graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway)
 PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
 DUMMY_ARGS = ["--load-format", "dummy"]
+DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
+# A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
+# PyTorch backend, which has no CUDA graphs.
+TORCH_ARGS = ["--attention-backend", "glm_dsa_torch", "--disable-cuda-graph"]
+
+
+PEER = "sglang"  # CONFIG@sglang: SGLang's own GLM-DSA path (sglang_glm_tools.peer)
 
 
 def peer_flags(flags: list[str], site: str | Path) -> list[str]:
@@ -99,13 +106,6 @@ def check_peer_log(log: Path, label: str) -> None:
     """Stops where the plugin's model served a server meant for SGLang's own path."""
     if peer.PLUGIN_MODEL_LOG_LINE in log.read_text(errors="replace"):
         raise SystemExit(f"[{label}] the plugin's model served SGLang's own path's server")
-DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
-# A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
-# PyTorch backend, which has no CUDA graphs.
-TORCH_ARGS = ["--attention-backend", "glm_dsa_torch", "--disable-cuda-graph"]
-
-
-PEER = "sglang"  # CONFIG@sglang: SGLang's own GLM-DSA path (sglang_glm_tools.peer)
 
 
 def override(**fields) -> list[str]:
