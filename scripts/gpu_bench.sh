@@ -16,7 +16,8 @@
 # ingraph_mtp  29     the same before/after, C, held-out text, batch 1/8
 # peer         30     bench_gpu + peer_report, G: SGLang's own GLM-DSA path (no plugin) against the plugin, one run
 #                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
-#                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA]
+#                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA,
+#                     PEER_FLASHMLA=both: the plugin on FlashMLA and on Triton, each against SGLang's path]
 #                     Issue 30's whole table in five calls (two servers each; peer_report.py merges their
 #                     results.jsonl): PEER_RUNS=
 #                       "indexcache:decode_b1,decode_b8,decode_b32,decode_b64,prefill_4k,prefill_32k"
@@ -120,17 +121,25 @@ case "$1" in
     peer_site || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     # PEER_FLASHMLA=1: the plugin side is the plugin with FlashMLA on its path and switched on (as
-    # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla
-    side=""
-    if [ "${PEER_FLASHMLA:-0}" = 1 ]; then
-      export SGLANG_GLM_FLASHMLA=1
+    # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla;
+    # PEER_FLASHMLA=both: that copy and the plugin on Triton, each against SGLang's path (three servers a row)
+    sides=""
+    case "${PEER_FLASHMLA:-0}" in
+      0) ;;
+      1) sides="@flashmla" ;;
+      both) sides="@flashmla -" ;;
+      *) echo "PEER_FLASHMLA=${PEER_FLASHMLA}: use 0, 1 or both" >&2; exit 2 ;;
+    esac
+    if [ -n "$sides" ]; then
+      export SGLANG_GLM_FLASHMLA=1  # only the copy has the wheel to take it up
       plugin_flashmla || exit 1
-      side="@flashmla"
     fi
     limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
-      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer ${side:+--plugin flashmla=/tmp/plugin_flashmla} \
+      --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer \
+      ${sides:+--plugin flashmla=/tmp/plugin_flashmla} \
       $(for r in ${PEER_RUNS:-indexcache:decode_b1,decode_b32,prefill_32k fp8_kv:decode_b1,decode_b32}; do
-          echo --run "${r%%:*}@sglang:${r#*:}" --run "${r%%:*}$side:${r#*:}"; done) 2>&1 | tee "$WORK/peer.log"
+          echo --run "${r%%:*}@sglang:${r#*:}"
+          for side in ${sides:--}; do echo --run "${r%%:*}${side#-}:${r#*:}"; done; done) 2>&1 | tee "$WORK/peer.log"
     python3 peer_report.py "$WORK/results.jsonl" --out "$WORK" 2>&1 | tee -a "$WORK/peer.log" ;;
   peer_profile)
     # issue 30's gap named per part: one prefill of PEER_PROFILE_CONTEXT tokens (default 32K: two 16K

@@ -228,8 +228,10 @@ class GlmDsaAttention(nn.Module):
                 self.layer_id,
                 self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
             )
-        q_latent = torch.einsum("thn,hnc->thc", q_nope, self.w_kc)
-        q_full = torch.cat([q_latent, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)], -1)
+        # bmm straight into the [latent | rope] rows: no permute copy and no cat of the whole query
+        q_full = q.new_empty(q.shape[0], self.num_heads, self.kv_lora_rank + self.qk_rope_head_dim)
+        torch.bmm(q_nope.transpose(0, 1), self.w_kc, out=q_full[..., : self.kv_lora_rank].transpose(0, 1))
+        q_full[..., self.kv_lora_rank :] = q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)
         out = self.attn(
             q_full,
             kv_a.unsqueeze(1),
@@ -238,6 +240,8 @@ class GlmDsaAttention(nn.Module):
             k_rope=k_pe.view(-1, 1, self.qk_rope_head_dim),
             topk_indices=topk_buffer.read(self.layer_id),
         )
-        out = torch.einsum("thc,hcv->thv", out.view(-1, self.num_heads, self.kv_lora_rank), self.w_vc)
-        out, _ = self.o_proj(out.reshape(-1, self.num_heads * self.v_head_dim))
+        heads_out = out.new_empty(out.shape[0], self.num_heads, self.v_head_dim)
+        out = out.view(-1, self.num_heads, self.kv_lora_rank)
+        torch.bmm(out.transpose(0, 1), self.w_vc, out=heads_out.transpose(0, 1))
+        out, _ = self.o_proj(heads_out.view(-1, self.num_heads * self.v_head_dim))
         return out
