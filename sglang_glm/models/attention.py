@@ -97,10 +97,8 @@ class GlmDsaIndexer(nn.Module):
         q_rot, k_rot = self.rotary_emb(
             positions, q[..., : self.rope_dim].contiguous(), k[..., : self.rope_dim].contiguous()
         )
-        # the projections' outputs are fresh tensors: rotate in place rather than cat a copy
-        q[..., : self.rope_dim] = q_rot.view(q.shape[0], self.n_heads, -1)
-        k[..., : self.rope_dim] = k_rot.view(k.shape[0], 1, -1)
-        k = k.squeeze(1)
+        q = torch.cat([q_rot.view(q.shape[0], self.n_heads, -1), q[..., self.rope_dim :]], dim=-1)
+        k = torch.cat([k_rot.view(k.shape[0], 1, -1), k[..., self.rope_dim :]], dim=-1).squeeze(1)
         weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
         weights = weights.float() * self.n_heads**-0.5
         return q, weights, k
