@@ -26,7 +26,7 @@
 #                       "eagle_3_4:decode_b1,decode_b8,decode_b32"
 #                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
 # peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
-#                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT]
+#                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ..."]
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at
@@ -150,10 +150,15 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     ctx=${PEER_PROFILE_CONTEXT:-32768}
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) --no-stack"
-    { limit 200 $P --peer-site /tmp/site_peer --label sglang; pack
-      limit 150 $P --label plugin; pack
-      SGLANG_GLM_FLASHMLA=1 limit 150 $P --plugin /tmp/plugin_flashmla --label plugin_flashmla; } 2>&1 \
-      | tee "$WORK/peer_profile.log" ;;
+    for side in ${PEER_PROFILE_SIDES:-sglang plugin plugin_flashmla}; do
+      case $side in
+        sglang) limit 200 $P --peer-site /tmp/site_peer --label sglang ;;
+        plugin) limit 150 $P --label plugin ;;
+        plugin_flashmla) SGLANG_GLM_FLASHMLA=1 limit 150 $P --plugin /tmp/plugin_flashmla --label plugin_flashmla ;;
+        *) echo "PEER_PROFILE_SIDES: unknown side $side (sglang, plugin, plugin_flashmla)" ;;
+      esac
+      pack
+    done 2>&1 | tee "$WORK/peer_profile.log" ;;
   ingraph)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1

@@ -1,8 +1,8 @@
 """Issue 30's side-by-side: bench_gpu.py runs' results.jsonl (plugin rows `CONFIG`, SGLang's own path
 `CONFIG@sglang`) -> results/peer.json, a list of {"what", "metric", "sglang", "plugin", "ratio",
-"sglang_indexer"} rows (ratio = SGLang's time / the plugin's: > 1 means the plugin is faster;
-sglang_indexer: the kernels SGLang's indexer ran, "deepgemm" or its "torch" fall-back), and peer.md, the
-table.
+"sglang_indexer", "run"} rows (ratio = SGLang's time / the plugin's: > 1 means the plugin is faster;
+sglang_indexer: the kernels SGLang's indexer ran, "deepgemm" or its "torch" fall-back; run: the name of the
+directory holding the row's results.jsonl), and peer.md, the table.
 
 Only rows of the same config and workload in the same file pair up (one run, one machine); where a side
 ran a workload more than once the median counts. A plugin copy served in the run (`CONFIG@NAME`, e.g. the
@@ -29,7 +29,7 @@ def metric(workload: str) -> str:
     return "median_ttft_ms" if workload.startswith("prefill") else "median_tpot_ms"
 
 
-def peer_rows(rows: list[dict]) -> list[dict]:
+def peer_rows(rows: list[dict], run: str) -> list[dict]:
     times = defaultdict(list)  # (config, workload, side) -> times; side: PEER, or a plugin copy (None: installed)
     for r in rows:
         value = r.get(metric(r["workload"])) if "error" not in r else None
@@ -46,16 +46,16 @@ def peer_rows(rows: list[dict]) -> list[dict]:
             s, p = statistics.median(sglang), statistics.median(times[(config, workload, copy)])
             out.append({"what": f"{config} {workload}" + (f" (plugin@{copy})" if copy else ""), "metric": metric(workload),
                         "sglang": round(s, 3), "plugin": round(p, 3), "ratio": round(s / p, 3),
-                        "sglang_indexer": indexer[config]})
+                        "sglang_indexer": indexer[config], "run": run})
     return out
 
 
 def markdown(rows: list[dict], hardware: str) -> str:
     lines = [f"SGLang's own GLM-DSA path vs the plugin on {hardware}, each pair from one run (ratio > 1: the "
-             "plugin is faster)", "", "| what | metric | SGLang | plugin | ratio | SGLang's indexer |",
-             "|---|---|---|---|---|---|"]
+             "plugin is faster)", "", "| what | metric | SGLang | plugin | ratio | SGLang's indexer | run |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['what']} | {r['metric']} | {r['sglang']:.2f} ms | {r['plugin']:.2f} ms | {r['ratio']:.2f}x | "
-              f"{r['sglang_indexer']} |" for r in rows]
+              f"{r['sglang_indexer']} | {r['run']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     table, rows = [], []
     for path in args.results:
         run = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        table += peer_rows(run)
+        table += peer_rows(run, path.parent.name)
         rows += run
     if not table:
         raise SystemExit(f"{' '.join(map(str, args.results))}: no config served by both SGLang's own path and the plugin")
