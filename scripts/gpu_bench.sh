@@ -204,7 +204,7 @@ case "$1" in
       $(for c in ${TOKENMAP_CONFIGS:-indexcache eagle_3_4 eagle_3_4_token_map}; do echo --run "$c:$W"; done) \
       2>&1 | tee -a "$WORK/tokenmap.log" ;;
   flashmla)
-    export SGLANG_GLM_FLASHMLA=1  # the opt-in; the Triton side's servers have no wheel to take it up
+    export SGLANG_GLM_FLASHMLA=1  # said explicitly (a warning if unused); the Triton side's servers have no wheel
     plugin_flashmla || exit 1
     # DeepGEMM only in the kernel benchmark's path: importable in a server, it would turn on SGLang's
     # DeepGEMM FP8 GEMMs (and their minutes-long precompile) for the plugin's linears too

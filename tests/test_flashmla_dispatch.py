@@ -70,7 +70,7 @@ class FakeFlashMLA(types.ModuleType):
 def on_sm90(monkeypatch):
     """An SM90 device as far as the dispatch can tell; fresh FlashMLA objects before and after."""
     monkeypatch.setattr(fm, "compute_capability", lambda device: (9, 0))
-    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
+    monkeypatch.setenv(fm.SWITCH_ENV, "1")
     fm.flashmla_on.cache_clear()
     yield monkeypatch
     fm.flashmla_on.cache_clear()
@@ -137,7 +137,7 @@ def test_triton_where_flash_mla_is_not_installed(on_sm90, triton_calls):
 
 
 def test_triton_on_cpu_and_other_gpus(triton_calls, monkeypatch):
-    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
+    monkeypatch.setenv(fm.SWITCH_ENV, "1")
     fm.flashmla_on.cache_clear()
     backend = _backend(_fp8_pool())
     assert not backend.flashmla.available and "SM90" in backend.flashmla.why_not
@@ -146,15 +146,22 @@ def test_triton_on_cpu_and_other_gpus(triton_calls, monkeypatch):
     fm.flashmla_on.cache_clear()
 
 
-def test_triton_unless_the_launch_opts_in(fake, triton_calls, monkeypatch):
-    """SGLang's own install brings the wheel: FlashMLA serves only with SGLANG_GLM_FLASHMLA=1."""
-    monkeypatch.delenv(fm.OPT_IN_ENV)
+def test_flashmla_by_default_and_off_with_0(fake, triton_calls, monkeypatch):
+    """SGLang's own install brings the wheel: FlashMLA serves unless SGLANG_GLM_FLASHMLA=0."""
+    monkeypatch.delenv(fm.SWITCH_ENV)
+    fm.flashmla_on.cache_clear()
+    backend = _backend(_fp8_pool())
+    assert backend.flashmla.available
+    _attend(backend, 128, 64)  # a shape FlashMLA serves
+    served = [c[0] for c in fake.calls if c[0] != "plan"]
+    assert not triton_calls and served == ["decode"]
+    monkeypatch.setenv(fm.SWITCH_ENV, "0")
     fm.flashmla_on.cache_clear()
     backend = _backend(_fp8_pool())
     assert backend.flashmla.describe(64, True) == (
-        "sparse MLA on Triton (FlashMLA not used: opt-in until its served speed is measured: SGLANG_GLM_FLASHMLA=1)")
-    _attend(backend, 1, 128)  # a shape FlashMLA would serve
-    assert len(triton_calls) == 1 and not fake.calls
+        "sparse MLA on Triton (FlashMLA not used: switched off by SGLANG_GLM_FLASHMLA=0)")
+    _attend(backend, 128, 64)
+    assert len(triton_calls) == 1 and [c[0] for c in fake.calls if c[0] != "plan"] == served
     fm.flashmla_on.cache_clear()
 
 
@@ -246,10 +253,10 @@ def test_start_up_line_and_plans(fake, caplog, monkeypatch):
     assert fm.flashmla_on(torch.device("cpu")).describe(32, True).startswith("sparse MLA on Triton")
 
 
-def test_the_opt_in_takes_1_or_0_only(monkeypatch):
-    for value, on in [("1", True), ("0", False), ("", False)]:
-        monkeypatch.setenv(fm.OPT_IN_ENV, value)
-        assert fm.opted_in() is on
-    monkeypatch.setenv(fm.OPT_IN_ENV, "true")  # was silently off
-    with pytest.raises(ValueError, match="SGLANG_GLM_FLASHMLA='true'; use 1"):
-        fm.opted_in()
+def test_the_switch_takes_1_or_0_only(monkeypatch):
+    for value, on, asked in [("1", True, True), ("0", False, False), ("", True, False)]:
+        monkeypatch.setenv(fm.SWITCH_ENV, value)
+        assert (fm.switched_on(), fm.asked_for()) == (on, asked)
+    monkeypatch.setenv(fm.SWITCH_ENV, "true")  # would be neither
+    with pytest.raises(ValueError, match="SGLANG_GLM_FLASHMLA='true'; use 0"):
+        fm.switched_on()

@@ -12,8 +12,8 @@ The indexer reads the index-K cache a 64-token page at a time through a page tab
 SGLang's `req_to_token` (so pages must be SGLang's 64-token pages); sparse MLA gathers the KV rows
 the top-k positions name. The KV pool (`kv_pool.TorchDSAKVPool`) holds BF16 rows, or with
 `--kv-cache-dtype fp8_e4m3` FlashMLA's 656-byte FP8 rows and FP8 index keys with per-token scales.
-With SGLANG_GLM_FLASHMLA=1 and sgl-flash-mla installed on an SM90 GPU, sparse MLA runs FlashMLA's
-kernels for the shapes they were measured faster on (`flashmla.py`: FP8 KV at 65-512 query rows with
+Where sgl-flash-mla is installed on an SM90 GPU (SGLANG_GLM_FLASHMLA=0 turns it off), sparse MLA runs
+FlashMLA's kernels for the shapes they were measured faster on (`flashmla.py`: FP8 KV at 65-512 query rows with
 64 heads and 1-512 with 128, BF16 KV from 256), the Triton kernel otherwise; a line at start-up says which.
 GLM-5.2 shapes only: 576-dim latent+rope rows, 512-dim values, 32 x 128 indexer heads.
 """
@@ -34,7 +34,7 @@ from glm_dsa_kernels.topk_select import topk_positions
 from glm_dsa_kernels.warmup import WarmUpShapes, warm_up
 from sglang_glm.attention.backends import TRITON_BACKEND
 from sglang_glm.attention.base import DSABackend, MultiStepDraftBackend
-from sglang_glm.attention.flashmla import flashmla_on, opted_in
+from sglang_glm.attention.flashmla import asked_for, flashmla_on
 from sglang_glm.attention.triton_metadata import TritonDSAMetadata, TritonDSAMetadataBuilder, laid_out_in_graph
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
         if line not in _LOGGED:
             _LOGGED.add(line)
             # asked for and not served is worth a warning: the user expects FlashMLA's speed
-            (logger.warning if opted_in() and not self.flashmla.available else logger.info)("%s", line)
+            (logger.warning if asked_for() and not self.flashmla.available else logger.info)("%s", line)
         if self.flashmla.available and fp8:
             self.flashmla.plan_decode(shapes.heads, shapes.topk)
 

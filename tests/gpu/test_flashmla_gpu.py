@@ -35,7 +35,7 @@ needs_flashmla = pytest.mark.skipif(
 def flashmla(monkeypatch):
     """A FlashMLA on the real wheel, imported from GLM_PEER_SITE for this test only."""
     monkeypatch.syspath_prepend(PEER_SITE)
-    monkeypatch.setenv(fm.OPT_IN_ENV, "1")
+    monkeypatch.setenv(fm.SWITCH_ENV, "1")
     found = fm.FlashMLA(torch.device("cuda"))
     assert found.available, found.why_not
     assert found.kernels.__file__.startswith(PEER_SITE), found.kernels.__file__
@@ -112,7 +112,7 @@ def test_64_heads_served_on_flashmla(models, kv, args):
     path, served = models["glm52_64h"], {}
     assert fm.FlashMLA.serves(len(MID_PROMPT), 64, True) and fm.FlashMLA.serves(1137, 64, False)
     for kernel, env in (("flashmla", {"PYTHONPATH": os.pathsep.join([PEER_SITE, os.environ["PYTHONPATH"]]),
-                                      fm.OPT_IN_ENV: "1"}),
+                                      fm.SWITCH_ENV: "1"}),
                         ("triton", {})):
         name = f"{kernel}_64_heads_{kv.lower()}_kv"
         with gpu_server(path, name, *args, env=env) as url:
