@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 import torch
+from glm_dsa_kernels.pool_rows import positions_to_pool_rows_ref
 from glm_dsa_kernels.warmup import WarmUpShapes
 
 from sglang_glm.attention import flashmla as fm
@@ -81,6 +82,12 @@ def fake(on_sm90):
     module = FakeFlashMLA()
     on_sm90.setitem(sys.modules, "flash_mla", module)
     return module
+
+
+@pytest.fixture(autouse=True)
+def pool_rows_on_cpu(monkeypatch):
+    """The pool-rows launcher needs a GPU; its torch reference maps the same rows."""
+    monkeypatch.setattr(tb, "positions_to_pool_rows", positions_to_pool_rows_ref)
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ constexprs from a few inputs only, so the variants are enumerable:
   variant per power of two up to the longest context;
 - sparse MLA: `sparse_mla.default_config(query count, heads, ...)` (top-k splits below one wave of
   programs, and with them the merge kernel);
-- the batch layout: decode from positions, target verify, chain draft step, draft-extend window.
+- the batch layout: decode from positions, target verify, chain draft step, draft-extend window;
+- positions -> pool rows: one variant.
 
 Integers that only bound loops or masks (query counts, chunk counts, page-table strides) are left
 unspecialized in the kernels (`do_not_specialize`), so their values add no variants.
@@ -26,6 +27,7 @@ import torch
 
 from . import indexer, sparse_mla
 from .batch_layout import batch_layout
+from .pool_rows import positions_to_pool_rows
 from .topk_select import topk_positions
 
 
@@ -101,6 +103,8 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
             topk_positions(zeros(1, width, dtype=torch.float32), torch.full((1,), width, dtype=torch.int32, device=dev),
                            shapes.topk, chunk=chunk, block=block, select_block=select_block, sample=sample)
             launches += 1
+    positions_to_pool_rows(zeros(1, shapes.topk), req_to_token, zeros(1))
+    launches += 1
     for config, t in sparse_mla_variants(shapes, mla_rows.dtype == torch.uint8).items():
         q = zeros(t, shapes.heads, sparse_mla.D_QK, dtype=torch.bfloat16)
         sparse_mla.sparse_mla_fwd(q, mla_rows, zeros(t, shapes.topk), 1.0, config=config)

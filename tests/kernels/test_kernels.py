@@ -9,6 +9,7 @@ import torch
 
 from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
+from glm_dsa_kernels.pool_rows import positions_to_pool_rows, positions_to_pool_rows_ref
 from glm_dsa_kernels.sparse_mla import (
     SparseMLAConfig, default_config, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref, warp_specialized_available,
 )
@@ -392,6 +393,22 @@ def test_compaction(device):
     accept = torch.tensor([3, 1, 2, 4], device=dev, dtype=torch.int32)
     out = torch.full((4, 2048), -7, device=dev, dtype=torch.int32)
     assert torch.equal(compact_topk_rows(rows, cu, accept, out=out), compact_topk_rows_ref(rows, cu, accept))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("topk", [2048, 100])
+def test_pool_rows(device, topk):
+    dev = _dev(device)
+    # a table wider than it is used, rows of the batch's queries in any order, -1 anywhere in a row
+    table = torch.randperm(5 * 3000, device=dev).to(torch.int32).view(5, 3000)[:, :2500]
+    query_req = torch.tensor([3, 0, 3, 4, 1, 2, 2], device=dev, dtype=torch.int32)
+    positions = torch.randint(0, 2500, (7, topk), device=dev, dtype=torch.int32)
+    positions[torch.rand(7, topk, device=dev) < 0.2] = -1
+    positions[1] = -1
+    out = torch.full((7, topk), -7, device=dev, dtype=torch.int32)
+    want = positions_to_pool_rows_ref(positions, table, query_req)
+    assert torch.equal(positions_to_pool_rows(positions, table, query_req, out=out), want)
+    assert torch.equal(out, want) and (want[1] == -1).all() and (want[0] >= 0).sum() > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

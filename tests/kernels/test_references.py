@@ -3,7 +3,7 @@
 import torch
 
 from glm_dsa_kernels.indexer import dequantize_index_k, indexer_logits_ref, quantize_index_k_fp8
-from glm_dsa_kernels.pool_rows import positions_to_pool_rows
+from glm_dsa_kernels.pool_rows import positions_to_pool_rows_ref
 from glm_dsa_kernels.sparse_mla import dequantize_kv_fp8, quantize_kv_fp8, sparse_mla_fwd_ref
 from glm_dsa_kernels.topk_compact import compact_topk_rows_ref
 from glm_dsa_kernels.topk_select import topk_positions_ref
@@ -84,5 +84,5 @@ def test_compaction_refs():
 def test_positions_to_pool_rows():
     req_to_token = torch.tensor([[7, 8, 9], [20, 21, 22]], dtype=torch.int32)
     pos = torch.tensor([[2, 0, -1], [1, -1, -1]], dtype=torch.int32)
-    got = positions_to_pool_rows(pos, req_to_token, torch.tensor([1, 0], dtype=torch.int32))
+    got = positions_to_pool_rows_ref(pos, req_to_token, torch.tensor([1, 0], dtype=torch.int32))
     assert got.tolist() == [[22, 20, -1], [8, -1, -1]]

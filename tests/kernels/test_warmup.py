@@ -13,6 +13,7 @@ import torch
 import triton
 
 from glm_dsa_kernels import indexer, sparse_mla
+from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.warmup import WarmUpShapes, indexer_variants, sparse_mla_variants, topk_widths, warm_up
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
@@ -58,7 +59,7 @@ def _tiny_pool(dev, page, kv_fp8):
 def test_warm_up_runs_interp():
     shapes = WarmUpShapes(heads=16, topk=64, page=64, max_keys=512, num_sms=4, warp_specialized=False, draft_tokens=4)
     launches = warm_up(shapes, *_tiny_pool("cpu", 64, kv_fp8=False))
-    assert launches == len(indexer_variants()) + len(topk_widths(512, 8192)) + len(sparse_mla_variants(shapes, False)) + 4
+    assert launches == len(indexer_variants()) + len(topk_widths(512, 8192)) + len(sparse_mla_variants(shapes, False)) + 1 + 4
 
 
 @pytest.mark.gpu
@@ -94,8 +95,9 @@ def test_no_variant_built_after_warm_up(kv_fp8):
             key_limit = torch.randint(1, width_pages * page + 1, (t,), dtype=torch.int32, device=dev)
             top = indexer.indexer_topk(q, torch.rand(t, indexer.N_HEADS, device=dev), k_cache, page_table, query_req,
                                        key_limit, shapes.topk)
+            pool_rows = positions_to_pool_rows(top, req_to_token, query_req % req_to_token.shape[0])
             sparse_mla.sparse_mla_fwd(torch.randn(t, 64, sparse_mla.D_QK, device=dev).bfloat16(), rows,
-                                      top.clamp(max=rows.shape[0] - 1), 0.04)
+                                      pool_rows.clamp(max=rows.shape[0] - 1), 0.04)
     finally:
         knobs.runtime.jit_post_compile_hook = None
     assert not built, f"variants built after the warm-up: {sorted(set(built))}"
