@@ -16,8 +16,9 @@
 # ingraph_mtp  29     the same before/after, C, held-out text, batch 1/8
 # peer         30     bench_gpu + peer_report, G: SGLang's own GLM-DSA path (no plugin) against the plugin, one run
 #                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
-#                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); PEER_FLASHMLA=1: the plugin side on FlashMLA,
-#                     PEER_FLASHMLA=both: the plugin on FlashMLA and on Triton, each against SGLang's path]
+#                     b1/b32 + 32K prefill, fp8_kv decode b1/b32); the plugin side as `pip install
+#                     sglang-glm[sglang]` serves it, FlashMLA on (PEER_FLASHMLA=1, the default); PEER_FLASHMLA=0:
+#                     the plugin on Triton alone; PEER_FLASHMLA=both: each of the two against SGLang's path]
 #                     Issue 30's whole table in five calls (two servers each; peer_report.py merges their
 #                     results.jsonl): PEER_RUNS=
 #                       "indexcache:decode_b1,decode_b8,decode_b32,decode_b64,prefill_4k,prefill_32k"
@@ -120,11 +121,11 @@ case "$1" in
   peer)
     peer_site || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    # PEER_FLASHMLA=1: the plugin side is the plugin with FlashMLA on its path and switched on (as
+    # PEER_FLASHMLA=1 (default): the plugin side is the plugin with FlashMLA on its path (as
     # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla;
     # PEER_FLASHMLA=both: that copy and the plugin on Triton, each against SGLang's path (three servers a row)
     sides=""
-    case "${PEER_FLASHMLA:-0}" in
+    case "${PEER_FLASHMLA:-1}" in
       0) ;;
       1) sides="@flashmla" ;;
       both) sides="@flashmla -" ;;
