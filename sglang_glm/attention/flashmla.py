@@ -31,8 +31,8 @@ FP8_ROWS = {64: (65, 512), 128: (1, 512)}
 BF16_MIN_ROWS = 256
 HEADS = (64, 128)  # the head counts FlashMLA's kernels are built for
 KV_FORMAT = "V32"  # 512 e4m3 latent + 4 fp32 scales + 64 bf16 rope: the pool's FP8 rows
-# On wherever sgl-flash-mla runs, since its served speed was measured (session 25: 32K prefill TTFT 766 vs
-# 798 ms on Triton, one run); 0 keeps every shape on the plugin's own kernels.
+# FlashMLA serves wherever sgl-flash-mla runs since its served speed was measured (session 25: 32K prefill
+# TTFT 766 vs 798 ms on Triton, one run); SGLANG_GLM_FLASHMLA=0 keeps every shape on the plugin's kernels.
 SWITCH_ENV = "SGLANG_GLM_FLASHMLA"
 
 
