@@ -53,3 +53,21 @@ def test_every_plugin_dsa_kernel_has_its_family():
 ])
 def test_peer_kernels_have_their_family(kernel, fam):
     assert profile_decode.family(kernel) == fam
+
+
+def test_steps_split_at_the_widest_idle_gaps():
+    """Two prefill chunks: the cut falls in the scheduler's gap between them, not in a chunk's own small
+    gaps, and a kernel on a second stream that outlasts the next one does not open a false gap."""
+    def k(name, ts, dur):
+        return {"name": name, "ts": ts, "dur": dur}
+
+    # a long kernel, a short one beside it on a second stream, one more before the long one ends:
+    # measured from the short one's end, the last would sit after a gap wider than the real one
+    chunk1 = [k("sparse_mla_fwd_sm90_kernel", 0, 900), k("_w8a8_block_fp8_matmul", 10, 10),
+              k("fused_moe_kernel", 880, 10)]
+    chunk2 = [k("_indexer_logits_blocked_kernel", 1000, 300), k("sparse_mla_fwd_sm90_kernel", 1330, 100)]
+    steps = profile_decode.split_steps(chunk1 + chunk2, 2)
+    assert [s["kernels"] for s in steps] == [3, 2]
+    assert [s["wall_us"] for s in steps] == [900, 430]
+    assert steps[0]["families_us"] == {"sparse MLA": 900, "FP8 block GEMM": 10, "MoE experts": 10}
+    assert steps[1]["families_us"] == {"indexer logits": 300, "sparse MLA": 100}

@@ -199,6 +199,27 @@ def spec_round_phases(events: list[dict], kernels: list[dict]) -> dict | None:
     }
 
 
+def split_steps(kernels: list[dict], steps: int) -> list[dict]:
+    """Wall span and kernel families of each forward step, the kernels (sorted by start) cut at the
+    steps - 1 widest GPU idle gaps: the scheduler's work between steps leaves the GPU idle, which a
+    step's own kernels (all launched ahead of the GPU) rarely do. A prefill's chunks differ (a later
+    chunk's indexer scans the earlier ones' keys), so its per-step average hides where it is slow."""
+    ends, end = [], 0.0
+    for e in kernels:
+        end = max(end, e["ts"] + e["dur"])
+        ends.append(end)
+    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i]["ts"] - ends[i - 1], reverse=True)
+    cuts = [0, *sorted(gaps[: steps - 1]), len(kernels)]
+    out = []
+    for a, b in zip(cuts, cuts[1:]):
+        fams: dict[str, float] = collections.defaultdict(float)
+        for e in kernels[a:b]:
+            fams[family(e["name"])] += e["dur"]
+        out.append({"wall_us": round(ends[b - 1] - kernels[a]["ts"], 1), "kernels": b - a,
+                    "families_us": {k: round(v, 1) for k, v in sorted(fams.items(), key=lambda kv: -kv[1])}})
+    return out
+
+
 def summarize(trace_path: Path, steps: int) -> dict:
     with gzip.open(trace_path, "rt") as f:
         trace = json.load(f)
@@ -249,6 +270,7 @@ def summarize(trace_path: Path, steps: int) -> dict:
         "gpu_busy_us_per_step": per_step(busy),
         "gpu_idle_us_per_step": per_step(end - start - busy),
         "kernel_launches_per_step": round(len(kernels) / steps, 1),
+        "by_step": split_steps(kernels, steps) if 1 < steps <= len(kernels) else [],
         "families_us_per_step": {k: {"us": per_step(v["us"]), "launches": round(v["launches"] / steps, 1)}
                                  for k, v in sorted(fams.items(), key=lambda kv: -kv[1]["us"])},
         "top_kernels_us_per_step": [{"name": k, "us": per_step(v[0]), "launches": round(v[1] / steps, 1)}
@@ -354,6 +376,8 @@ def report(args, cfg: dict, label: str, batch: int, trace: Path) -> None:
     (args.out / f"profile_{label}_b{batch}_ctx{args.context}.json").write_text(json.dumps(summary, indent=1))
     print(f"[{label} batch {batch}] " + json.dumps({k: summary[k] for k in (
         "wall_us_per_step", "gpu_busy_us_per_step", "gpu_idle_us_per_step", "kernel_launches_per_step")}), flush=True)
+    if summary["by_step"]:
+        print(f"  wall us by step: {[s['wall_us'] for s in summary['by_step']]}", flush=True)
     for phase, v in summary.get("spec_round", {}).get("phases_per_round", {}).items():
         print(f"  {phase:28s} {v}", flush=True)
     if "spec_round" in summary:
