@@ -146,17 +146,22 @@ case "$1" in
     # issue 30's gap named per part: one prefill of PEER_PROFILE_CONTEXT tokens (default 32K: two 16K
     # chunks, so two forward steps) profiled by kernel family on SGLang's own path, the plugin, and the
     # plugin with FlashMLA switched on; the archive is refreshed after each
+    sides=${PEER_PROFILE_SIDES:-sglang plugin plugin_flashmla}
+    for side in $sides; do
+      case $side in sglang|plugin|plugin_flashmla) ;;
+        *) echo "PEER_PROFILE_SIDES: unknown side $side; use sglang, plugin, plugin_flashmla" >&2; exit 2 ;;
+      esac
+    done
     peer_site || exit 1
     plugin_flashmla || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     ctx=${PEER_PROFILE_CONTEXT:-32768}
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) --no-stack"
-    for side in ${PEER_PROFILE_SIDES:-sglang plugin plugin_flashmla}; do
+    for side in $sides; do
       case $side in
         sglang) limit 200 $P --peer-site /tmp/site_peer --label sglang ;;
         plugin) limit 150 $P --label plugin ;;
         plugin_flashmla) SGLANG_GLM_FLASHMLA=1 limit 150 $P --plugin /tmp/plugin_flashmla --label plugin_flashmla ;;
-        *) echo "PEER_PROFILE_SIDES: unknown side $side (sglang, plugin, plugin_flashmla)" ;;
       esac
       pack
     done 2>&1 | tee "$WORK/peer_profile.log" ;;
