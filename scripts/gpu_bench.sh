@@ -27,7 +27,10 @@
 #                       "eagle_3_4:decode_b1,decode_b8,decode_b32"
 #                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
 # peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
-#                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ..."]
+#                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ...",
+#                     PEER_PROFILE_STACK=1: Python stacks on, each kernel's launching line named]
+# glue         30     bench_mla_glue: the absorbed query and output projections around sparse MLA, each way
+#                     (the plugin's, the einsum + cat before it, bmm + SGLang's concat kernel) on the same inputs
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at
@@ -156,7 +159,8 @@ case "$1" in
     plugin_flashmla || exit 1
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     ctx=${PEER_PROFILE_CONTEXT:-32768}
-    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) --no-stack"
+    stack=--no-stack; [ "${PEER_PROFILE_STACK:-0}" = 1 ] && stack=
+    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) $stack"
     for side in $sides; do
       case $side in
         sglang) limit 200 $P --peer-site /tmp/site_peer --label sglang ;;
@@ -262,6 +266,9 @@ case "$1" in
       fi
       echo "exit $worst" > "$WORK/$kind.status"; } 2>&1 | tee "$WORK/$kind.log"
     exit "$(cut -d' ' -f2 "$WORK/$kind.status")" ;;
+  glue)
+    limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_mla_glue.py --out "$WORK/mla_glue.json" 2>&1 \
+      | tee "$WORK/mla_glue.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
@@ -269,6 +276,6 @@ case "$1" in
     python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|glue|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
 esac
 exit $?

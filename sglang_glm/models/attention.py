@@ -2,8 +2,9 @@
 
 Reads top to bottom: the lightning indexer of a full layer (`GlmDsaIndexer`, which asks the
 attention backend through its `DsaIndexBackend` contract), `build_indexer` (it, or SGLang's own
-indexer under SGLang's `dsa` backend), and `GlmDsaAttention`, which runs the indexer when the layer
-is full, writes its top-k into the `TopkBuffer` and attends over the rows the buffer holds.
+indexer under SGLang's `dsa` backend), the absorbed-MLA projections around attention
+(`absorbed_query`, `heads_output`), and `GlmDsaAttention`, which runs the indexer when the layer is
+full, writes its top-k into the `TopkBuffer` and attends over the rows the buffer holds.
 """
 
 from __future__ import annotations
@@ -135,6 +136,25 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
+def absorbed_query(q_nope: torch.Tensor, q_pe: torch.Tensor, w_kc: torch.Tensor) -> torch.Tensor:
+    """The query sparse MLA reads, [T, H, kv_lora + rope]: q_nope [T, H, nope] times w_kc [H, nope,
+    kv_lora] beside the rotated q_pe [T, H, rope]. The bmm writes straight into the rows' latent part:
+    no permute copy and no cat of the whole query."""
+    kv_lora = w_kc.shape[2]
+    q = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], kv_lora + q_pe.shape[2])
+    torch.bmm(q_nope.transpose(0, 1), w_kc, out=q[..., :kv_lora].transpose(0, 1))
+    q[..., kv_lora:] = q_pe
+    return q
+
+
+def heads_output(out: torch.Tensor, w_vc: torch.Tensor) -> torch.Tensor:
+    """o_proj's input [T, H * v]: the attention output [T, H, kv_lora] times w_vc [H, kv_lora, v],
+    written head-major by the bmm itself (no permute copy)."""
+    heads = out.new_empty(out.shape[0], out.shape[1], w_vc.shape[2])
+    torch.bmm(out.transpose(0, 1), w_vc, out=heads.transpose(0, 1))
+    return heads.view(out.shape[0], -1)
+
+
 class GlmDsaAttention(nn.Module):
     """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
 
@@ -228,20 +248,13 @@ class GlmDsaAttention(nn.Module):
                 self.layer_id,
                 self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
             )
-        # bmm straight into the [latent | rope] rows: no permute copy and no cat of the whole query
-        q_full = q.new_empty(q.shape[0], self.num_heads, self.kv_lora_rank + self.qk_rope_head_dim)
-        torch.bmm(q_nope.transpose(0, 1), self.w_kc, out=q_full[..., : self.kv_lora_rank].transpose(0, 1))
-        q_full[..., self.kv_lora_rank :] = q_pe.view(-1, self.num_heads, self.qk_rope_head_dim)
         out = self.attn(
-            q_full,
+            absorbed_query(q_nope, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim), self.w_kc),
             kv_a.unsqueeze(1),
             kv_a.unsqueeze(1),
             forward_batch,
             k_rope=k_pe.view(-1, 1, self.qk_rope_head_dim),
             topk_indices=topk_buffer.read(self.layer_id),
         )
-        heads_out = out.new_empty(out.shape[0], self.num_heads, self.v_head_dim)
-        out = out.view(-1, self.num_heads, self.kv_lora_rank)
-        torch.bmm(out.transpose(0, 1), self.w_vc, out=heads_out.transpose(0, 1))
-        out, _ = self.o_proj(heads_out.view(-1, self.num_heads * self.v_head_dim))
+        out, _ = self.o_proj(heads_output(out.view(-1, self.num_heads, self.kv_lora_rank), self.w_vc))
         return out
