@@ -13,7 +13,9 @@ constexprs from a few inputs only, so the variants are enumerable:
 - sparse MLA: `sparse_mla.default_config(query count, heads, ...)` (top-k splits below one wave of
   programs, and with them the merge kernel);
 - the batch layout: decode from positions, target verify, chain draft step, draft-extend window;
-- positions -> pool rows: one variant.
+- positions -> pool rows: one variant;
+- RoPE: one variant per rotated tensor of a layer (the query's and key's rope columns, the index
+  query and key), by width, pass-through columns, head block, pair layout and dtype.
 
 Integers that only bound loops or masks (query counts, chunk counts, page-table strides) are left
 unspecialized in the kernels (`do_not_specialize`), so their values add no variants.
@@ -27,7 +29,9 @@ import torch
 
 from . import indexer, sparse_mla
 from .batch_layout import batch_layout
+from .layout import INDEX_DIM, INDEX_HEADS, ROPE_DIM
 from .pool_rows import positions_to_pool_rows
+from .rope import rope
 from .topk_select import topk_positions
 
 
@@ -42,6 +46,16 @@ class WarmUpShapes:
     num_sms: int
     warp_specialized: bool  # sparse MLA may take the SM90 warp-specialized kernel
     draft_tokens: int = 0  # MTP tokens verified per request per round (0: no speculative decoding)
+    rope_interleave: bool = True  # the config's rope_interleave: MLA's rope pairs
+    index_rope_interleave: bool = True  # indexer_rope_interleave: the index heads' pairs
+    dtype: torch.dtype = torch.bfloat16  # activations: the rotated rows
+
+
+def rope_variants(shapes: WarmUpShapes) -> list[tuple[int, int, bool]]:
+    """(heads, width, interleaved) of each tensor a layer rotates: the query's and key's rope columns,
+    then the index query and key (rope first, then pass-through columns)."""
+    return [(shapes.heads, ROPE_DIM, shapes.rope_interleave), (1, ROPE_DIM, shapes.rope_interleave),
+            (INDEX_HEADS, INDEX_DIM, shapes.index_rope_interleave), (1, INDEX_DIM, shapes.index_rope_interleave)]
 
 
 def indexer_variants(max_queries: int = 128) -> dict:
@@ -105,6 +119,10 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
             launches += 1
     positions_to_pool_rows(zeros(1, shapes.topk), req_to_token, zeros(1))
     launches += 1
+    for heads, width, interleaved in dict.fromkeys(rope_variants(shapes)):
+        x = zeros(1, heads, width, dtype=shapes.dtype)
+        rope(x, zeros(1, dtype=torch.int64), zeros(1, ROPE_DIM, dtype=torch.float32), torch.empty_like(x), interleaved)
+        launches += 1
     for config, t in sparse_mla_variants(shapes, mla_rows.dtype == torch.uint8).items():
         q = zeros(t, shapes.heads, sparse_mla.D_QK, dtype=torch.bfloat16)
         sparse_mla.sparse_mla_fwd(q, mla_rows, zeros(t, shapes.topk), 1.0, config=config)
@@ -122,4 +140,4 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
     return launches
 
 
-__all__ = ["WarmUpShapes", "indexer_variants", "sparse_mla_variants", "topk_widths", "warm_up"]
+__all__ = ["WarmUpShapes", "indexer_variants", "rope_variants", "sparse_mla_variants", "topk_widths", "warm_up"]

@@ -97,6 +97,9 @@ class TritonDSABackend(TritonDSAMetadataBuilder, DSABackend):
             page=self.page, max_keys=self.max_pages * self.page, num_sms=self.num_sms,
             warp_specialized=self.warp_specialized,
             draft_tokens=(get_spec().speculative_num_draft_tokens or 0) if get_spec().speculative_algorithm else 0,
+            rope_interleave=getattr(hf_config, "rope_interleave", True),
+            index_rope_interleave=getattr(hf_config, "indexer_rope_interleave", True),
+            dtype=model_runner.dtype,
         )
 
     def _warm_up_kernels(self, shapes: WarmUpShapes) -> None:

@@ -17,7 +17,8 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
+from sglang.srt.layers.rotary_embedding.rope_variant import DeepseekScalingRotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.layers.attention.graph_utils import attention_query_tokens
 from sglang.srt.model_executor.forward_context import get_attn_backend
@@ -30,6 +31,7 @@ from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_g
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
 
+from glm_dsa_kernels.rope import rope, rope_ref
 from sglang_glm.attention.backends import DsaIndexBackend
 from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings
 from sglang_glm.topk_buffer import TopkBuffer
@@ -41,11 +43,16 @@ def in_breakable_prefill_graph(forward_batch: ForwardBatch) -> bool:
     return is_in_breakable_cuda_graph() and is_in_prefill_graph_scope() and forward_batch.forward_mode.is_extend()
 
 
-def _rope(config, rotary_dim: int, interleave: bool):
+# SGLang's rotary classes whose rotation is its cos/sin cache alone (YaRN's scale is baked into the cache)
+_CACHE_ROTARIES = (RotaryEmbedding, DeepseekScalingRotaryEmbedding)
+
+
+def _rope(config, rotary_dim: int, interleave: bool) -> RotaryEmbedding:
+    """SGLang's rotary module for this config: the plugin reads its cos/sin cache and pair layout (`rotate`)."""
     params = dict(getattr(config, "rope_parameters", None) or {})
     theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     scaling = params if params.get("rope_type", "default") != "default" else None
-    return get_rope(
+    rotary = get_rope(
         rotary_dim,
         rotary_dim=rotary_dim,
         max_position=config.max_position_embeddings,
@@ -53,6 +60,21 @@ def _rope(config, rotary_dim: int, interleave: bool):
         rope_scaling=scaling,
         is_neox_style=not interleave,
     )
+    if type(rotary) not in _CACHE_ROTARIES:
+        raise ValueError(
+            f"rope_parameters {params or None}: SGLang builds {type(rotary).__name__} for it, and the plugin "
+            f"rotates with the cos/sin cache of {' or '.join(c.__name__ for c in _CACHE_ROTARIES)} only; "
+            "serve a GLM-DSA config whose rope_type is default or deepseek_yarn"
+        )
+    return rotary
+
+
+def rotate(rotary: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] with its first rotary_dim columns rotated at `positions` and the rest copied, written
+    into out: one launch on CUDA (`glm_dsa_kernels.rope`: no contiguous copy, no cat, never in place),
+    the same formula in torch elsewhere."""
+    kernel = rope if x.is_cuda else rope_ref
+    return kernel(x, positions, rotary.cos_sin_cache, out, interleaved=not rotary.is_neox_style)
 
 
 class GlmDsaIndexer(nn.Module):
@@ -95,11 +117,8 @@ class GlmDsaIndexer(nn.Module):
         k, _ = self.wk(hidden_states)
         k = self.k_norm(k).unsqueeze(1)
         # RoPE covers the first rope_dim dims of each index head (transformers' layout).
-        q_rot, k_rot = self.rotary_emb(
-            positions, q[..., : self.rope_dim].contiguous(), k[..., : self.rope_dim].contiguous()
-        )
-        q = torch.cat([q_rot.view(q.shape[0], self.n_heads, -1), q[..., self.rope_dim :]], dim=-1)
-        k = torch.cat([k_rot.view(k.shape[0], 1, -1), k[..., self.rope_dim :]], dim=-1).squeeze(1)
+        q = rotate(self.rotary_emb, positions, q, torch.empty_like(q))
+        k = rotate(self.rotary_emb, positions, k, torch.empty_like(k)).squeeze(1)
         weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
         weights = weights.float() * self.n_heads**-0.5
         return q, weights, k
@@ -136,14 +155,16 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
-def absorbed_query(q_nope: torch.Tensor, q_pe: torch.Tensor, w_kc: torch.Tensor) -> torch.Tensor:
+def absorbed_query(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, w_kc: torch.Tensor, rotary: RotaryEmbedding, positions: torch.Tensor
+) -> torch.Tensor:
     """The query sparse MLA reads, [T, H, kv_lora + rope]: q_nope [T, H, nope] times w_kc [H, nope,
-    kv_lora] beside the rotated q_pe [T, H, rope]. The bmm writes straight into the rows' latent part:
-    no permute copy and no cat of the whole query."""
+    kv_lora] beside q_pe [T, H, rope] rotated at `positions`. The bmm writes straight into the rows'
+    latent columns and the rotation into their rope columns: no permute copy, no cat of the query."""
     kv_lora = w_kc.shape[2]
     q = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], kv_lora + q_pe.shape[2])
     torch.bmm(q_nope.transpose(0, 1), w_kc, out=q[..., :kv_lora].transpose(0, 1))
-    q[..., kv_lora:] = q_pe
+    rotate(rotary, positions, q_pe, q[..., kv_lora:])
     return q
 
 
@@ -238,7 +259,8 @@ class GlmDsaAttention(nn.Module):
         latent, _ = self.kv_a_proj_with_mqa(hidden_states)
         kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv_a = self.kv_a_layernorm(kv_a.contiguous())
-        q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
+        k_pe = k_pe.unsqueeze(1)
+        k_pe = rotate(self.rotary_emb, positions, k_pe, torch.empty_like(k_pe, memory_format=torch.contiguous_format))
 
         if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
             q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
@@ -249,7 +271,7 @@ class GlmDsaAttention(nn.Module):
                 self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
             )
         out = self.attn(
-            absorbed_query(q_nope, q_pe.view(-1, self.num_heads, self.qk_rope_head_dim), self.w_kc),
+            absorbed_query(q_nope, q_pe, self.w_kc, self.rotary_emb, positions),
             kv_a.unsqueeze(1),
             kv_a.unsqueeze(1),
             forward_batch,

@@ -10,6 +10,7 @@ import torch
 from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows, positions_to_pool_rows_ref
+from glm_dsa_kernels.rope import rope, rope_ref
 from glm_dsa_kernels.sparse_mla import (
     SparseMLAConfig, default_config, quantize_kv_fp8, sparse_mla_fwd, sparse_mla_fwd_ref, warp_specialized_available,
 )
@@ -409,6 +410,29 @@ def test_pool_rows(device, topk):
     want = positions_to_pool_rows_ref(positions, table, query_req)
     assert torch.equal(positions_to_pool_rows(positions, table, query_req, out=out), want)
     assert torch.equal(out, want) and (want[1] == -1).all() and (want[0] >= 0).sum() > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("heads,width,rope_dim", [(1, 64, 64), (5, 64, 64), (3, 128, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope(device, interleaved, heads, width, rope_dim, dtype):
+    """From a strided view (the rope columns of a wider projection row) into a strided destination
+    (the query rows' rope columns), poisoned around it: only out's own columns change."""
+    dev = _dev(device)
+    torch.manual_seed(heads + width + interleaved)
+    T, P = 6, 50
+    proj = torch.randn(T, heads, width + 192, device=dev).to(dtype)
+    x = proj[..., 192:]  # strided, as q[..., nope:] or a head's first columns
+    positions = torch.randint(0, P, (T,), device=dev)
+    cos_sin = torch.randn(P, rope_dim, device=dev)  # any values: the kernel must not assume |cos|, |sin| <= 1
+    dest = torch.full((T, heads, width + 512), float("nan"), device=dev).to(dtype)
+    out = dest[..., 512:]
+    want = rope_ref(x, positions, cos_sin, torch.empty_like(x), interleaved)
+    rope(x, positions, cos_sin, out, interleaved)
+    torch.testing.assert_close(out, want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5)
+    assert torch.isnan(dest[..., :512]).all()  # nothing outside out's columns written
+    assert torch.equal(out[0, :, rope_dim:], x[0, :, rope_dim:]) and not torch.equal(out[1], x[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

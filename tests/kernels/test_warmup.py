@@ -14,7 +14,8 @@ import triton
 
 from glm_dsa_kernels import indexer, sparse_mla
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
-from glm_dsa_kernels.warmup import WarmUpShapes, indexer_variants, sparse_mla_variants, topk_widths, warm_up
+from glm_dsa_kernels.rope import rope
+from glm_dsa_kernels.warmup import WarmUpShapes, indexer_variants, rope_variants, sparse_mla_variants, topk_widths, warm_up
 
 INTERP = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -59,7 +60,8 @@ def _tiny_pool(dev, page, kv_fp8):
 def test_warm_up_runs_interp():
     shapes = WarmUpShapes(heads=16, topk=64, page=64, max_keys=512, num_sms=4, warp_specialized=False, draft_tokens=4)
     launches = warm_up(shapes, *_tiny_pool("cpu", 64, kv_fp8=False))
-    assert launches == len(indexer_variants()) + len(topk_widths(512, 8192)) + len(sparse_mla_variants(shapes, False)) + 1 + 4
+    assert launches == (len(indexer_variants()) + len(topk_widths(512, 8192)) + len(sparse_mla_variants(shapes, False))
+                        + 1 + len(rope_variants(shapes)) + 4)
 
 
 @pytest.mark.gpu
@@ -98,6 +100,16 @@ def test_no_variant_built_after_warm_up(kv_fp8):
             pool_rows = positions_to_pool_rows(top, req_to_token, query_req % req_to_token.shape[0])
             sparse_mla.sparse_mla_fwd(torch.randn(t, 64, sparse_mla.D_QK, device=dev).bfloat16(), rows,
                                       pool_rows.clamp(max=rows.shape[0] - 1), 0.04)
+            # the layer's rotations, from views as the model takes them (positions at any offset)
+            positions = torch.randint(0, 4096, (t + 3,), device=dev)[rng.randint(0, 3):][:t]
+            cos_sin = torch.randn(4096, 64, device=dev)
+            q, latent = torch.randn(t, 64, 256, device=dev).bfloat16(), torch.randn(t, 576, device=dev).bfloat16()
+            query = torch.empty(t, 64, sparse_mla.D_QK, device=dev).bfloat16()
+            rope(q[..., 192:], positions, cos_sin, query[..., 512:], True)
+            rope(latent[:, None, 512:], positions, cos_sin, torch.empty(t, 1, 64, device=dev).bfloat16(), True)
+            for heads in (indexer.N_HEADS, 1):
+                x = torch.randn(t, heads, indexer.HEAD_DIM, device=dev).bfloat16()
+                rope(x, positions, cos_sin, torch.empty_like(x), True)
     finally:
         knobs.runtime.jit_post_compile_hook = None
     assert not built, f"variants built after the warm-up: {sorted(set(built))}"
