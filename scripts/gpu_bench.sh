@@ -29,8 +29,10 @@
 # peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
 #                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ...",
 #                     PEER_PROFILE_STACK=1: Python stacks on, each kernel's launching line named]
-# glue         30     bench_mla_glue: the absorbed query and output projections around sparse MLA, each way
-#                     (the plugin's, the einsum + cat before it, bmm + SGLang's concat kernel) on the same inputs
+# glue         30,31  bench_mla_glue: RoPE + the absorbed query, and the output projection, around sparse MLA,
+#                     each way (the plugin's, its earlier ones, SGLang's in-place rotary + concat kernel) on the
+#                     same inputs; then profile_decode, G: plain decode b1 at 4K, eager with Python stacks (a
+#                     graph replay names no line), so each of a step's ~700 launches is named by the line that made it
 # flashmla     30     bench_kernels' peers and deepgemm sections (FlashMLA / DeepGEMM vs the plugin's kernels per
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at
@@ -267,8 +269,10 @@ case "$1" in
       echo "exit $worst" > "$WORK/$kind.status"; } 2>&1 | tee "$WORK/$kind.log"
     exit "$(cut -d' ' -f2 "$WORK/$kind.status")" ;;
   glue)
-    limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_mla_glue.py --out "$WORK/mla_glue.json" 2>&1 \
-      | tee "$WORK/mla_glue.log" ;;
+    { limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_mla_glue.py --out "$WORK/mla_glue.json"; pack
+      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      limit 200 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --config indexcache --batch 1 \
+        --context 4096 --steps 8 --eager --label decode_eager_stack; } 2>&1 | tee "$WORK/glue.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
