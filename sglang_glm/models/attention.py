@@ -258,7 +258,7 @@ class GlmDsaAttention(nn.Module):
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         latent, _ = self.kv_a_proj_with_mqa(hidden_states)
         kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        kv_a = self.kv_a_layernorm(kv_a.contiguous())
+        kv_a = self.kv_a_layernorm(kv_a)  # a strided view, as SGLang's own MLA passes it (no copy)
         k_pe = k_pe.unsqueeze(1)
         k_pe = rotate(self.rotary_emb, positions, k_pe, torch.empty_like(k_pe, memory_format=torch.contiguous_format))
 
