@@ -15,10 +15,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "serving" / "gpu"))
 import profile_decode  # noqa: E402
 
-# the DSA families by the module that defines the kernel; the batch layout and the draft's top-k
-# compaction are bookkeeping, not a DSA family
+# the families by the module that defines the kernel (the plugin's RoPE counts with SGLang's, so a before/after
+# compares like with like); the batch layout and the draft's top-k compaction are bookkeeping, not a family
 MODULE_FAMILY = {"indexer": "indexer logits", "sparse_mla": "sparse MLA", "sparse_mla_sm90": "sparse MLA",
-                 "topk_select": "top-k select"}
+                 "topk_select": "top-k select", "rope": "rope"}
 
 
 def plugin_kernels():
