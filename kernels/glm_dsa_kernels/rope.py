@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 
-# strides, head counts and the positions' offset leave the variant alone (a view's offset could otherwise
-# build one inside a request); what selects it is the constexprs and the rows' dtypes (glm_dsa_kernels.warmup)
-@triton.jit(do_not_specialize=["pos_ptr", "H", "stride_xt", "stride_xh", "stride_ot", "stride_oh", "stride_cache"])
+# strides, head counts and the positions' alignment leave the variant alone (a view of positions at an odd
+# offset would otherwise build one inside a request); the constexprs and the rows' dtypes select it (warmup.py)
+@triton.jit(do_not_specialize=["H", "stride_xt", "stride_xh", "stride_ot", "stride_oh", "stride_cache"],
+            do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(
     x_ptr, pos_ptr, cache_ptr, out_ptr, H, stride_xt, stride_xh, stride_ot, stride_oh, stride_cache,
     D: tl.constexpr, R: tl.constexpr, PASS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
