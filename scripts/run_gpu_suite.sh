@@ -2,8 +2,8 @@
 # The GPU suite (tests/gpu) on a CUDA machine, with real SGLang 0.5.23 set up by the shared recipe.
 # Needs .gpu/ next to this repo's root, built on a CPU machine with registry access by
 #   bash scripts/prepare_device_carry.sh        (git-ignored; carried to the GPU machine)
-# usage: bash scripts/run_gpu_suite.sh [pytest args]; KERNEL_TESTS="-k EXPR" then also runs the kernels' GPU
-# cases (pytest -m gpu tests/kernels -k EXPR, into kernel_tests.log). Writes gpu_suite.log, deep_gemm_probe.log (with
+# usage: bash scripts/run_gpu_suite.sh [pytest args]; KERNEL_TESTS="EXPR" then also runs the kernels' GPU
+# cases that match it (pytest -m gpu tests/kernels -k "EXPR", into kernel_tests.log; "" none, "gpu" all). Writes gpu_suite.log, deep_gemm_probe.log (with
 # .gpu/deepgemm), results.tar.gz (server logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled
 # kernels, for .gpu/carry/) to $OUT.
 set -uo pipefail
@@ -36,9 +36,8 @@ timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovi
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 if [ -n "${KERNEL_TESTS:-}" ]; then
-  # shellcheck disable=SC2086  # KERNEL_TESTS holds pytest arguments
-  timeout "${KERNEL_TESTS_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -p no:cacheprovider -q -rA $KERNEL_TESTS \
-    2>&1 | tee "$OUT/kernel_tests.log"
+  timeout "${KERNEL_TESTS_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -k "$KERNEL_TESTS" -p no:cacheprovider \
+    -q -rA 2>&1 | tee "$OUT/kernel_tests.log"
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
 fi
 tar czf "$OUT/results.tar.gz" -C "$GLM_GPU_RESULTS" . 2>/dev/null
