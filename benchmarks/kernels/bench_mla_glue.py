@@ -69,7 +69,7 @@ def sglang_concat():
 def query_ways(concat=None) -> dict:
     """name -> fn(x, rotary) -> (query [T, H, 576], rotated key [T, 1, 64])."""
     def plugin(x, rot):
-        k = rotate(rot, x["positions"], x["k_pe"], torch.empty(x["k_pe"].shape, dtype=x["k_pe"].dtype, device=x["k_pe"].device))
+        k = rotate(rot, x["positions"], x["k_pe"], torch.empty_like(x["k_pe"], memory_format=torch.contiguous_format))
         return absorbed_query(x["q_nope"], x["q_pe"], x["w_kc"], rot, x["positions"]), k
 
     def bmm_into(x, rot):
