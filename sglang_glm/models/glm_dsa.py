@@ -128,7 +128,6 @@ class GlmDsaModel(nn.Module):
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
-
     def run_layers(
         self,
         positions: torch.Tensor,
