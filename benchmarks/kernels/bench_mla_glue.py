@@ -41,7 +41,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_glm.models.attention import _rope, absorbed_query, heads_output, rotate
+from sglang_glm.models.attention import _rope, absorbed_query, heads_output, rotated_key
 
 HEADS, NOPE, ROPE, LATENT, V = 64, 192, 64, 512, 256
 ROWS = (16384, 4096, 128, 32, 1)
@@ -69,8 +69,8 @@ def sglang_concat():
 def query_ways(concat=None) -> dict:
     """name -> fn(x, rotary) -> (query [T, H, 576], rotated key [T, 1, 64])."""
     def plugin(x, rot):
-        k = rotate(rot, x["positions"], x["k_pe"], torch.empty_like(x["k_pe"], memory_format=torch.contiguous_format))
-        return absorbed_query(x["q_nope"], x["q_pe"], x["w_kc"], rot, x["positions"]), k
+        return (absorbed_query(x["q_nope"], x["q_pe"], x["w_kc"], rot, x["positions"]),
+                rotated_key(x["k_pe"], rot, x["positions"]))
 
     def bmm_into(x, rot):
         q_pe, k = rot(x["positions"], x["q_pe"].contiguous(), x["k_pe"].contiguous())

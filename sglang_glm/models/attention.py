@@ -3,8 +3,9 @@
 Reads top to bottom: the lightning indexer of a full layer (`GlmDsaIndexer`, which asks the
 attention backend through its `DsaIndexBackend` contract), `build_indexer` (it, or SGLang's own
 indexer under SGLang's `dsa` backend), the absorbed-MLA projections around attention
-(`absorbed_query`, `heads_output`), and `GlmDsaAttention`, which runs the indexer when the layer is
-full, writes its top-k into the `TopkBuffer` and attends over the rows the buffer holds.
+(`rotated_key`, `absorbed_query`, `heads_output`), and `GlmDsaAttention`, which runs the indexer
+when the layer is full, writes its top-k into the `TopkBuffer` and attends over the rows the buffer
+holds.
 """
 
 from __future__ import annotations
@@ -155,6 +156,12 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
+def rotated_key(k_pe: torch.Tensor, rotary: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
+    """The key's rope columns sparse MLA reads, [T, 1, rope]: k_pe (a strided view of kv_a's output)
+    rotated at `positions` into a fresh contiguous tensor."""
+    return rotate(rotary, positions, k_pe, torch.empty_like(k_pe, memory_format=torch.contiguous_format))
+
+
 def absorbed_query(
     q_nope: torch.Tensor, q_pe: torch.Tensor, w_kc: torch.Tensor, rotary: RotaryEmbedding, positions: torch.Tensor
 ) -> torch.Tensor:
@@ -259,8 +266,7 @@ class GlmDsaAttention(nn.Module):
         latent, _ = self.kv_a_proj_with_mqa(hidden_states)
         kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv_a = self.kv_a_layernorm(kv_a)  # a strided view, as SGLang's own MLA passes it (no copy)
-        k_pe = k_pe.unsqueeze(1)
-        k_pe = rotate(self.rotary_emb, positions, k_pe, torch.empty_like(k_pe, memory_format=torch.contiguous_format))
+        k_pe = rotated_key(k_pe.unsqueeze(1), self.rotary_emb, positions)
 
         if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
             q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
