@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 # SGLang's breakable prefill CUDA graphs need cuda-python (benchmarks/serving/gpu/prefill_graphs.md)
 python3 -c "from cuda.bindings import runtime" 2>/dev/null && echo "cuda-python: present" | tee -a "$OUT/gpu_suite.log" \
   || echo "cuda-python: absent" | tee -a "$OUT/gpu_suite.log"
-timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA "$@" \
+timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA -v "$@" \
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 if [ -n "${KERNEL_TESTS:-}" ]; then

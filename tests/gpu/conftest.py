@@ -1,8 +1,10 @@
 """The GPU suite's checkpoints, made once per run and shared by the pytest-xdist workers."""
 
+import os
+
 import pytest
 
-from gpu_serving import make_model
+from gpu_serving import make_model, results_dir
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +21,11 @@ def models(tmp_path_factory):
         "glm52_64h": make_model(root, "glm52_64h", seed=5,
                                 overrides={"num_attention_heads": 64, "num_key_value_heads": 64}),
     }
+
+
+def pytest_runtest_logreport(report):
+    """Each failure, as it happens, into failures.log beside the records: a suite cut off by its
+    call's time limit never prints pytest's summary, and the failure would go unnamed."""
+    if report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # the controller sees every worker's reports
+        with (results_dir() / "failures.log").open("a") as f:
+            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
