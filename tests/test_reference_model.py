@@ -185,3 +185,39 @@ def test_glm_dsa_mini_greedy_equals_transformers():
     assert torch.equal(greedy_continuation(ref, ids, 8), want[:, ids.shape[1]:])
     _, draft = reference_draft_round(ref, ids, 3)
     assert draft.tokens.shape == (1, 3)
+
+
+def test_fp8_group_rounding_is_the_nearest_e4m3_value():
+    """Each value lands on the e4m3 grid point nearest to it in its group's scale (brute force over all 256 codes)."""
+    x = torch.randn(3, 256, dtype=torch.float64) * torch.logspace(-4, 2, 256, dtype=torch.float64)
+    rounded = ref_layers.fp8_group_rounded(x, 128)
+    scale = x.unflatten(-1, (2, 128)).abs().amax(-1, keepdim=True) / 448.0
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    grid = grid[grid.isfinite()]
+    scaled = (x.unflatten(-1, (2, 128)) / scale).unsqueeze(-1)
+    nearest = grid[(scaled - grid).abs().argmin(-1)]
+    assert torch.allclose(rounded, (nearest * scale).flatten(-2), rtol=0, atol=0)
+    assert not torch.equal(rounded, x)
+
+
+def test_fp8_activation_rounding_reaches_exactly_the_served_fp8_gemms(tmp_path):
+    """The GPU suite's reference for an FP8 checkpoint: every FP8 linear but kv_b_proj (absorbed into BF16
+    weights by the server) reads e4m3-rounded inputs, routed experts through their MoE; nothing else does."""
+    dims = dict(hidden_size=256, q_lora_rank=128, kv_lora_rank=128, qk_nope_head_dim=64, qk_rope_head_dim=64,
+                v_head_dim=128, num_attention_heads=2, num_key_value_heads=2, index_head_dim=128,
+                intermediate_size=256, moe_intermediate_size=128, indexer_types=["full", "shared", "full", "shared"])
+    path = make_tiny_checkpoint(tmp_path / "fp8", config_overrides=dims, fp8=True)
+    plain = load_reference_model(path)
+    rounded = load_reference_model(path, fp8_activations=True)
+    hooked = {n for n, m in rounded.named_modules() if isinstance(m, torch.nn.Linear) and m._forward_pre_hooks}
+    moes = {n for n, m in rounded.named_modules() if isinstance(m, ref_layers.MoE) and m.fp8_group == 128}
+    from safetensors.torch import load_file
+
+    fp8 = {k.removesuffix(".weight_scale_inv") for k in load_file(str(path / "model.safetensors"))
+           if k.endswith(".weight_scale_inv")}
+    assert hooked == {n for n in fp8 if ".experts." not in n and not n.endswith("kv_b_proj")}
+    assert moes == {n.split(".experts.")[0] for n in fp8 if ".experts." in n} and moes
+    assert not any(n.endswith(("weights_proj", "eh_proj", "lm_head", "mlp.gate")) for n in hooked)
+    with torch.no_grad():
+        a, b = plain(prompts(1, 24)).logits, rounded(prompts(1, 24)).logits
+    assert not torch.equal(a, b) and (a - b).abs().mean() < 0.25 * a.abs().mean()  # 3 mantissa bits a GEMM input

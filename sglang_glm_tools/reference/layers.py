@@ -18,6 +18,18 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+FP8_E4M3_MAX = 448.0
+
+
+def fp8_group_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x as a w8a8 block-FP8 GEMM reads it: each token's runs of `group` columns scaled by their
+    amax / 448 and rounded to e4m3 codes (SGLang's per_token_group_quant_fp8), in x's dtype."""
+    blocks = x.unflatten(-1, (-1, group))
+    scale = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-10) / FP8_E4M3_MAX
+    codes = (blocks / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return (codes.to(x.dtype) * scale).flatten(-2)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -192,6 +204,10 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(Mlp(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.n_routed_experts))
         self.gate = Router(cfg)
         self.shared_experts = Mlp(cfg.hidden_size, cfg.moe_intermediate_size * cfg.n_shared_experts)
+        self.fp8_group: int | None = None  # set by round_fp8_activations: the experts' GEMMs read e4m3 inputs
+
+    def _expert_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.fp8_group is None else fp8_group_rounded(x, self.fp8_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -199,8 +215,9 @@ class MoE(nn.Module):
         gate = torch.stack([e.gate_proj.weight for e in self.experts])
         up = torch.stack([e.up_proj.weight for e in self.experts])
         down = torch.stack([e.down_proj.weight for e in self.experts])
-        h = F.silu(torch.einsum("nd,eid->nei", flat, gate)) * torch.einsum("nd,eid->nei", flat, up)
-        y = torch.einsum("nei,edi->ned", h, down)
+        rows = self._expert_input(flat)
+        h = F.silu(torch.einsum("nd,eid->nei", rows, gate)) * torch.einsum("nd,eid->nei", rows, up)
+        y = torch.einsum("nei,edi->ned", self._expert_input(h), down)
         routed = torch.einsum("ne,ned->nd", combine.to(y.dtype), y)
         return routed.to(x.dtype).view_as(x) + self.shared_experts(x)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .config import DsaConfig
-from .layers import DecoderLayer, MtpLayer, RMSNorm, rope_cos_sin
+from .layers import DecoderLayer, MoE, MtpLayer, RMSNorm, fp8_group_rounded, rope_cos_sin
 
 
 @dataclass
@@ -122,16 +123,44 @@ class GlmDsaForCausalLM(nn.Module):
         if missing or unexpected:
             raise ValueError(f"checkpoint mismatch: missing {missing[:8]}, unexpected {unexpected[:8]}")
 
+    def round_fp8_activations(self, modules: set[str], group: int) -> None:
+        """Model a w8a8 block-FP8 server: the inputs of `modules` (hub names of FP8 linears) are
+        rounded to e4m3 per token and `group` columns, as SGLang's FP8 GEMMs quantize them. A routed
+        expert marks its whole MoE (the experts run as one batched product); kv_b_proj is left
+        alone, since the server absorbs it into BF16 weights that no activation rounding reaches."""
+        for name in sorted(modules):
+            if name.endswith(".kv_b_proj"):
+                continue
+            if ".mlp.experts." in name:
+                moe = self.get_submodule(name.split(".experts.")[0])
+                assert isinstance(moe, MoE), name
+                moe.fp8_group = group
+                continue
+            linear = self.get_submodule(name)
+            assert isinstance(linear, nn.Linear), name
+            if linear.in_features % group:
+                raise ValueError(f"{name}: in_features={linear.in_features} is not a multiple of the FP8 block's "
+                                 f"{group} columns; SGLang's block-FP8 GEMM needs it, so no server runs this checkpoint")
+            linear.register_forward_pre_hook(lambda _, args: (fp8_group_rounded(args[0], group),))
 
-def load_reference_model(path: str | Path, dtype: torch.dtype = torch.float64, device="cpu") -> GlmDsaForCausalLM:
-    """A reference model from a GLM-DSA checkpoint directory (FP8 weights are dequantized first)."""
+
+def load_reference_model(path: str | Path, dtype: torch.dtype = torch.float64, device="cpu",
+                         fp8_activations: bool = False) -> GlmDsaForCausalLM:
+    """A reference model from a GLM-DSA checkpoint directory (FP8 weights are dequantized first).
+
+    fp8_activations: for an FP8 checkpoint, also round each FP8 linear's input to e4m3 as SGLang's
+    w8a8 block-FP8 GEMMs do on CUDA (`round_fp8_activations`); a CPU server dequantizes instead."""
     path = Path(path)
     cfg = DsaConfig.from_pretrained(path)
     tensors = load_file(str(path / "model.safetensors"))
-    if any(k.endswith("weight_scale_inv") for k in tensors):
+    fp8_linears = {k.removesuffix(".weight_scale_inv") for k in tensors if k.endswith(".weight_scale_inv")}
+    if fp8_linears:
         from ..checkpoint import dequantized_state_dict
 
         tensors = dequantized_state_dict(path, torch.float32)
     model = GlmDsaForCausalLM(cfg)
     model.load_hub_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})
+    if fp8_activations and fp8_linears:
+        quant = json.loads((path / "config.json").read_text())["quantization_config"]
+        model.round_fp8_activations(fp8_linears, group=quant["weight_block_size"][1])
     return model.to(device=device, dtype=dtype).eval()

@@ -141,7 +141,7 @@ def reference(path, dense: bool = False):
 
     key = (str(path), dense)
     if key not in _REFERENCES:
-        _REFERENCES[key] = load_reference_model(path, dtype=torch.float64, device="cuda")
+        _REFERENCES[key] = load_reference_model(path, dtype=torch.float64, device="cuda", fp8_activations=True)
     return _REFERENCES[key]
 
 
