@@ -9,9 +9,11 @@ served sequence and look at its top-2 logit margin at that position:
   - different, margin >  MARGIN                       -> disagree: a failure
 MARGIN rests on the rounding error measured against the same reference: the served log-prob of
 each generated token against the reference's (`max_logprob_error`). A margin above twice the
-largest error cannot be flipped by rounding, so each run asserts the error stays under MARGIN / 2
-(measured on the H200: 0.10-0.18 for bfloat16 and FP8 weights or KV, 0.26-0.35 for the controls)
+largest error cannot be flipped by rounding, so each run asserts the error stays under margin / 2
+(measured on the H200: 0.06-0.18 for bfloat16 weights, BF16 or FP8 KV; 0.26-0.35 for the controls)
 and that near-ties stay a small fraction, so the rule cannot pass by calling everything a tie.
+FP8 weights are served by w8a8 GEMMs whose e4m3 activations round further (0.12-0.24, H200 and
+H100, sessions 18-28, the reference rounding them too): an FP8 checkpoint is judged at FP8_MARGIN.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from sglang_glm_tools.server import launched_server
 
 MARGIN = 0.4  # nats of the reference's top-2 logit gap
+FP8_MARGIN = 0.6  # an FP8-weight checkpoint's: half of it stays above its rounding error
 MAX_NEAR_TIE_FRACTION = 0.25
 
 # GLM-5.2's per-layer attention geometry (MLA 512 + 64 rope, 192/256 head dims, 32 x 128 indexer)
@@ -177,10 +180,17 @@ class Agreement:
 
 
 @torch.no_grad()
-def agreement(path, prompts, outs: list[dict], dense: bool = False, margin: float = MARGIN) -> Agreement:
-    """Teacher-forced float64 reference over each served sequence, judged by the margin rule."""
+def checkpoint_margin(path) -> float:
+    """FP8_MARGIN for a checkpoint with FP8 weights, else MARGIN."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    return FP8_MARGIN if "quantization_config" in config else MARGIN
+
+
+def agreement(path, prompts, outs: list[dict], dense: bool = False) -> Agreement:
+    """Teacher-forced float64 reference over each served sequence, judged by the margin rule at the
+    checkpoint's margin."""
     model = reference(path, dense)
-    result = Agreement(margin=margin)
+    result = Agreement(margin=checkpoint_margin(path))
     for r, (prompt, out) in enumerate(zip(prompts, outs)):
         served = out["output_ids"]
         ids = torch.tensor([prompt + served], device="cuda")
