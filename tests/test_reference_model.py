@@ -191,12 +191,12 @@ def test_fp8_group_rounding_is_the_nearest_e4m3_value():
     """Each value lands on the e4m3 grid point nearest to it in its group's scale (brute force over all 256 codes)."""
     x = torch.randn(3, 256, dtype=torch.float64) * torch.logspace(-4, 2, 256, dtype=torch.float64)
     rounded = ref_layers.fp8_group_rounded(x, 128)
-    scale = x.unflatten(-1, (2, 128)).abs().amax(-1, keepdim=True) / 448.0
+    amax = x.unflatten(-1, (2, 128)).abs().amax(-1, keepdim=True)
     grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
     grid = grid[grid.isfinite()]
-    scaled = (x.unflatten(-1, (2, 128)) / scale).unsqueeze(-1)
+    scaled = (x.unflatten(-1, (2, 128)) * (448.0 / amax)).unsqueeze(-1)
     nearest = grid[(scaled - grid).abs().argmin(-1)]
-    assert torch.allclose(rounded, (nearest * scale).flatten(-2), rtol=0, atol=0)
+    assert torch.equal(rounded, (nearest * (amax * (1 / 448.0))).flatten(-2))
     assert not torch.equal(rounded, x)
 
 

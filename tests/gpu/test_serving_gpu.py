@@ -73,13 +73,14 @@ def test_fp8_block_weights_served_through_sglang_fp8_linear(models):
 
     from sglang_glm_tools.reference.layers import fp8_group_rounded
 
-    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16) * torch.logspace(-3, 2, 512, device="cuda")
-    codes, scales = per_token_group_quant_fp8(x.to(torch.bfloat16), 128)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(64, 512, device="cuda", generator=g) * torch.logspace(-3, 2, 512, device="cuda")).bfloat16()
+    codes, scales = per_token_group_quant_fp8(x, 128)
     sglang = (codes.float().unflatten(-1, (4, 128)) * scales.unsqueeze(-1)).flatten(-2)
-    ours = fp8_group_rounded(x.to(torch.bfloat16).float(), 128)
-    mismatched = (sglang != ours).sum().item()
-    record("fp8_activation_rounding", mismatched=mismatched, elements=x.numel())
-    assert mismatched <= x.numel() // 1000, mismatched  # e4m3 code boundaries met by a reciprocal multiply, if any
+    ours = fp8_group_rounded(x.float(), 128)
+    flipped = ((sglang - ours).abs() > 1e-6 * sglang.abs()).sum().item()  # another e4m3 code, not a last-bit scale
+    record("fp8_activation_rounding", flipped=flipped, inexact=(sglang != ours).sum().item(), elements=x.numel())
+    assert flipped <= x.numel() // 1000, flipped  # session 28, H100, before the formula matched: 29 inexact
     path = models["glm52_fp8"]
     with gpu_server(path, "fp8_weights") as url:
         _, result, _ = serve_and_judge(url, path, "fp8_weights")
