@@ -179,13 +179,13 @@ class Agreement:
         )
 
 
-@torch.no_grad()
 def checkpoint_margin(path) -> float:
     """FP8_MARGIN for a checkpoint with FP8 weights, else MARGIN."""
     config = json.loads((Path(path) / "config.json").read_text())
     return FP8_MARGIN if "quantization_config" in config else MARGIN
 
 
+@torch.no_grad()
 def agreement(path, prompts, outs: list[dict], dense: bool = False) -> Agreement:
     """Teacher-forced float64 reference over each served sequence, judged by the margin rule at the
     checkpoint's margin."""
