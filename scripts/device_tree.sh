@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device tool carries the working tree (tracked files included) plus `carry` paths, 64 MiB in all;
-# .gpu/ alone is ~46 MiB, so the bundled models' weights and the raw logs step outside the tree for a
+# .gpu/ alone is ~61 MiB, so the bundled models' weights and the raw logs step outside the tree for a
 # device call (with .gpu/whl's jedi wheel), and the models a call needs travel xz-compressed in .gpu/models (unpack them there with
 # `mkdir -p /tmp/models && for m in .gpu/models/*.tar.xz; do tar xJf $m -C /tmp/models; done`).
 #   bash scripts/device_tree.sh out [MODEL_DIR ...]  # weights (> 1 MB) and logs to ../device-held-assets;
@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HELD=../device-held-assets
-case "${1:-}" in
+mode=${1:-}
+case "$mode" in
   out)
     shift
     rm -rf .gpu/models && mkdir -p .gpu/models
@@ -33,11 +34,16 @@ case "${1:-}" in
   *) echo "usage: $0 out [MODEL_DIR ...] | in" >&2; exit 2 ;;
 esac
 # moved-out tracked files are listed but absent: du skips them (and exits 1)
+[ "$mode" = out ] || exit 0  # the sizes below are what a device call would carry
 tree=$({ git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)
-gpu=$(du -sb .gpu 2>/dev/null | cut -f1 || echo 0)
-echo "tree $((tree / 1048576)) MiB + .gpu $((${gpu:-0} / 1048576)) MiB (a device call carries 64 MiB at most)"
-# a call that runs without SGLang's own path needs neither .gpu/peer nor .gpu/deepgemm, and none needs
-# .gpu/before_tree but the before/after modes: carry the rest by name
-[ $((tree + ${gpu:-0})) -gt $((64 << 20)) ] && echo "over 64 MiB: carry [.gpu/carry, .gpu/whl, .gpu/stub," \
-  ".gpu/device_env.sh] and, where SGLang's own path runs, [.gpu/peer, .gpu/deepgemm]"
-true
+size() { du -cb "$@" 2>/dev/null | tail -1 | cut -f1; }
+mib() { echo "$(($1 / 1048576)).$(($1 % 1048576 * 10 / 1048576)) MiB"; }
+# 63 MiB, not 64: the device's count runs above du's (session 28: a call refused at 63.7 MiB by du)
+room=$((63 << 20))
+base=$((tree + $(size .gpu/carry .gpu/whl .gpu/stub .gpu/device_env.sh .gpu/models)))
+peer=$((base + $(size .gpu/peer)))
+deepgemm=$((peer + $(size .gpu/deepgemm)))
+fits() { [ "$1" -le "$room" ] && echo "fits" || echo "OVER: leave it out"; }
+echo "the tree and carry [.gpu/carry, .gpu/whl, .gpu/stub, .gpu/device_env.sh, .gpu/models]: $(mib $base), $(fits $base)"
+echo "  + .gpu/peer (sgl-flash-mla: FlashMLA, the suite's FlashMLA and peer cases): $(mib $peer), $(fits $peer)"
+echo "  + .gpu/deepgemm (only SGLang's own path's indexer): $(mib $deepgemm), $(fits $deepgemm)"
