@@ -3,7 +3,7 @@
 # Needs .gpu/ next to this repo's root, built on a CPU machine with registry access by
 #   bash scripts/prepare_device_carry.sh        (git-ignored; carried to the GPU machine)
 # usage: bash scripts/run_gpu_suite.sh [pytest args]. Writes gpu_suite.log, deep_gemm_probe.log (with
-# .gpu/deepgemm), results.tar.gz (server logs, records.jsonl) and jitcache.tar.gz (SGLang's compiled
+# .gpu/deepgemm), results.tar.gz (server logs, records.jsonl, failures.log) and jitcache.tar.gz (SGLang's compiled
 # kernels, for .gpu/carry/) to $OUT. KERNEL_TESTS="EXPR" then also runs the kernels' GPU cases that match
 # it (pytest -m gpu tests/kernels -k "EXPR", into kernel_tests.log; "gpu" runs them all).
 set -uo pipefail
