@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checkpoint import FP8_MAX
 from .config import DsaConfig
 
 
@@ -18,17 +19,14 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-FP8_E4M3_MAX = 448.0
-
-
 def fp8_group_rounded(x: torch.Tensor, group: int) -> torch.Tensor:
     """x as a w8a8 block-FP8 GEMM reads it: each token's runs of `group` columns scaled by their
     amax / 448 and rounded to e4m3 codes (SGLang's per_token_group_quant_fp8), in x's dtype."""
     blocks = x.unflatten(-1, (-1, group))
     amax = blocks.abs().amax(-1, keepdim=True).clamp(min=1e-10)
     # SGLang's CUDA kernel: codes of x * (448 / amax), dequantized by amax * (1 / 448)
-    codes = (blocks * (FP8_E4M3_MAX / amax)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
-    return (codes.to(x.dtype) * (amax * (1 / FP8_E4M3_MAX))).flatten(-2)
+    codes = (blocks * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return (codes.to(x.dtype) * (amax * (1 / FP8_MAX))).flatten(-2)
 
 
 class RMSNorm(nn.Module):
