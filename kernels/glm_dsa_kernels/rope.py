@@ -21,12 +21,14 @@ import triton.language as tl
 
 
 # strides, head counts and the positions' alignment leave the variant alone (a view of positions at an odd
-# offset would otherwise build one inside a request); the constexprs and the rows' dtypes select it (warmup.py)
+# offset would otherwise build one inside a request); the constexprs and the rows' dtypes select it (warmup.py).
+# ALIGN says every row starts on a 16-byte boundary, so the rope columns load and store as whole vectors.
 @triton.jit(do_not_specialize=["H", "stride_xt", "stride_xh", "stride_ot", "stride_oh", "stride_cache"],
             do_not_specialize_on_alignment=["pos_ptr"])
 def _rope_kernel(
     x_ptr, pos_ptr, cache_ptr, out_ptr, H, stride_xt, stride_xh, stride_ot, stride_oh, stride_cache,
     D: tl.constexpr, R: tl.constexpr, PASS: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_H: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -35,18 +37,21 @@ def _rope_kernel(
     i = tl.arange(0, R // 2)
     cos = tl.load(cache_ptr + pos * stride_cache + i).to(tl.float32)[None, :]
     sin = tl.load(cache_ptr + pos * stride_cache + R // 2 + i).to(tl.float32)[None, :]
+    x_row = x_ptr + t * tl.multiple_of(stride_xt, ALIGN) + heads[:, None] * tl.multiple_of(stride_xh, ALIGN)
+    o_row = out_ptr + t * tl.multiple_of(stride_ot, ALIGN) + heads[:, None] * tl.multiple_of(stride_oh, ALIGN)
+    cols = tl.arange(0, R)[None, :]
+    x = tl.load(x_row + cols, mask=in_heads, other=0.0).to(tl.float32)  # [BLOCK_H, R], whole rows
+    # the pairs split in registers, not by strided loads
     if INTERLEAVED:
-        c1 = 2 * i
-        c2 = 2 * i + 1
+        x1, x2 = tl.split(tl.reshape(x, [BLOCK_H, R // 2, 2]))
     else:
-        c1 = i
-        c2 = i + R // 2
-    x_row = x_ptr + t * stride_xt + heads[:, None] * stride_xh
-    o_row = out_ptr + t * stride_ot + heads[:, None] * stride_oh
-    x1 = tl.load(x_row + c1[None, :], mask=in_heads, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + c2[None, :], mask=in_heads, other=0.0).to(tl.float32)
-    tl.store(o_row + c1[None, :], (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=in_heads)
-    tl.store(o_row + c2[None, :], (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=in_heads)
+        x1, x2 = tl.split(tl.permute(tl.reshape(x, [BLOCK_H, 2, R // 2]), (0, 2, 1)))
+    pairs = tl.join(x1 * cos - x2 * sin, x2 * cos + x1 * sin)  # [BLOCK_H, R // 2, 2]
+    if INTERLEAVED:
+        rotated = tl.reshape(pairs, [BLOCK_H, R])
+    else:
+        rotated = tl.reshape(tl.permute(pairs, (0, 2, 1)), [BLOCK_H, R])
+    tl.store(o_row + cols, rotated.to(out_ptr.dtype.element_ty), mask=in_heads)
     if PASS > 0:
         j = R + tl.arange(0, PASS)
         keep = in_heads & (j[None, :] < D)
@@ -58,6 +63,14 @@ def _check(x, positions, cos_sin, out, rope_dim):
     assert x.stride(-1) == 1 and out.stride(-1) == 1, "rows need a contiguous last dim"
     assert positions.shape == (x.shape[0],) and cos_sin.shape[1] == rope_dim <= x.shape[2]
     assert rope_dim % 2 == 0
+
+
+def _alignment(*rows: torch.Tensor) -> int:
+    """Elements per 16 bytes where every row of every tensor starts on a 16-byte boundary, else 1."""
+    vec = 16 // rows[0].element_size()
+    aligned = all(r.data_ptr() % 16 == 0 and r.stride(0) % vec == 0 and (r.shape[1] == 1 or r.stride(1) % vec == 0)
+                  for r in rows)
+    return vec if aligned and all(r.element_size() == rows[0].element_size() for r in rows) else 1
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, out: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -72,7 +85,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, out: t
         _rope_kernel[(T, triton.cdiv(H, block_h))](
             x, positions, cos_sin, out, H, x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
             D=D, R=rope_dim, PASS=triton.next_power_of_2(rest) if rest else 0, INTERLEAVED=interleaved,
-            BLOCK_H=block_h, num_warps=4,
+            BLOCK_H=block_h, ALIGN=_alignment(x, out), num_warps=4,
         )
     return out
 

@@ -416,14 +416,15 @@ def test_pool_rows(device, topk):
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("heads,width,rope_dim", [(1, 64, 64), (5, 64, 64), (3, 128, 64)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rope(device, interleaved, heads, width, rope_dim, dtype):
+@pytest.mark.parametrize("nope", [192, 189])  # rows on 16-byte boundaries (vector loads), and not
+def test_rope(device, interleaved, heads, width, rope_dim, dtype, nope):
     """From a strided view (the rope columns of a wider projection row) into a strided destination
     (the query rows' rope columns), poisoned around it: only out's own columns change."""
     dev = _dev(device)
     torch.manual_seed(heads + width + interleaved)
     T, P = 6, 50
-    proj = torch.randn(T, heads, width + 192, device=dev).to(dtype)
-    x = proj[..., 192:]  # strided, as q[..., nope:] or a head's first columns
+    proj = torch.randn(T, heads, width + nope, device=dev).to(dtype)
+    x = proj[..., nope:]  # strided, as q[..., nope:] or a head's first columns
     positions = torch.randint(0, P, (T,), device=dev)
     cos_sin = torch.randn(P, rope_dim, device=dev)  # any values: the kernel must not assume |cos|, |sin| <= 1
     dest = torch.full((T, heads, width + 512), float("nan"), device=dev).to(dtype)

@@ -78,7 +78,18 @@ GPU_SERVER_ARGS = [
 ]
 # A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
 # every token to the same experts, so SGLang's switch spreads them (never with trained weights).
-POOL_ARGS = ["--mem-fraction-static", "0.88"]  # most of the GPU for a 128K-context pool
+
+
+def pool_args() -> list[str]:
+    """Most of the GPU for a 128K-context pool: 0.88 on an H200, which leaves ~17 GB for activations,
+    graph capture and the start-up warm-up; a smaller card keeps the same 17 GB (an H100 at 0.88 ran out
+    of memory in the 16K-chunk warm-up, session 29)."""
+    import torch
+
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return ["--mem-fraction-static", f"{min(0.88, 1 - 17 / total_gb):.2f}"]
+
+
 # SGLang's own path captures breakable prefill graphs (its DSA default) up to 8192 tokens after the
 # pool is allocated: 0.88 left it 16 GB and the capture ran out of memory (session 17); 0.75 left 34 GB,
 # which its torch indexer (DeepGEMM's does not run on the device's torch) used up by 7168 tokens, 23 GB
@@ -178,7 +189,7 @@ def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
     dummy = not any(model.glob("*.safetensors"))
     flags = DUMMY_ARGS if dummy else []
     if gpu:
-        flags = GPU_SERVER_ARGS + POOL_ARGS + flags
+        flags = GPU_SERVER_ARGS + pool_args() + flags
         config = SimpleNamespace(**json.loads((model / "config.json").read_text()))
         if triton_geometry_problem(config):
             print(f"{model.name}: not the Triton kernels' geometry; served with {' '.join(TORCH_ARGS)}", flush=True)
