@@ -94,7 +94,9 @@ def pool_args() -> list[str]:
 # pool is allocated: 0.88 left it 16 GB and the capture ran out of memory (session 17); 0.75 left 34 GB,
 # which its torch indexer (DeepGEMM's does not run on the device's torch) used up by 7168 tokens, 23 GB
 # for the 8192-token graph alone (session 20). 0.5 still pools ~2M BF16 KV tokens, far beyond the runs;
-# graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway)
+# graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway).
+# An H100 does not hold this path for the GLM-5.2-shaped model: at 0.5 its weights leave no KV room (0.66
+# needed), at 0.72 its start-up ran out of memory (session 29); the peer runs need an H200.
 PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
 DUMMY_ARGS = ["--load-format", "dummy"]
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
