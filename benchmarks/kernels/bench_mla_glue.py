@@ -3,16 +3,17 @@
 Per layer, `GlmDsaAttention` rotates the key's rope columns k_pe [T, 1, 64] (a view into
 kv_a_proj's output), turns q_nope [T, H, 192] (a view into q_b_proj's output) into the latent query
 with w_kc [H, 192, 512] and sets q_pe [T, H, 64], rotated, beside it: the [T, H, 576] query sparse
-MLA reads (`absorbed_query`). After attention, out [T, H, 512] goes through w_vc [H, 512, 256] into
-o_proj's input [T, H * 256] (`heads_output`).
+MLA reads (`absorbed_query_and_key`, which returns the rotated key too). After attention, out
+[T, H, 512] goes through w_vc [H, 512, 256] into o_proj's input [T, H * 256] (`heads_output`).
 
 Session 25's profile put the query's torch.cat at 20.9 ms per 16K chunk of the GLM-5.2-shaped
 model (8 layers) against SGLang's concat kernel's 4.7 ms, and its strided copies at 30.5 ms against
 23.3; the bmm-into-the-rows change did not move the served 32K TTFT. This times each way on the same
 inputs, so the next change is chosen by measurement:
 
-  query   plugin        now: bmm into the rows' latent columns, `rotate` (one Triton launch) into
-                        their rope columns and into a fresh key
+  query   plugin        now: bmm into the rows' latent columns, `rotate` (one Triton launch for query
+                        and key; two launches with stride-2 gathers before session 29) into their rope
+                        columns and into a fresh key
           bmm_into      session 25 (ff1be97): SGLang's rotary on `.contiguous()` copies of q_pe and
                         k_pe, bmm into the rows' latent columns, q_pe copied beside
           einsum_cat    before ff1be97: the same rotary, einsum, then torch.cat
@@ -41,7 +42,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_glm.models.attention import _rope, absorbed_query, heads_output, rotated_key
+from sglang_glm.models.attention import _rope, absorbed_query_and_key, heads_output
 
 HEADS, NOPE, ROPE, LATENT, V = 64, 192, 64, 512, 256
 ROWS = (16384, 4096, 128, 32, 1)
@@ -69,8 +70,7 @@ def sglang_concat():
 def query_ways(concat=None) -> dict:
     """name -> fn(x, rotary) -> (query [T, H, 576], rotated key [T, 1, 64])."""
     def plugin(x, rot):
-        return (absorbed_query(x["q_nope"], x["q_pe"], x["w_kc"], rot, x["positions"]),
-                rotated_key(x["k_pe"], rot, x["positions"]))
+        return absorbed_query_and_key(x["q_nope"], x["q_pe"], x["k_pe"], x["w_kc"], rot, x["positions"])
 
     def bmm_into(x, rot):
         q_pe, k = rot(x["positions"], x["q_pe"].contiguous(), x["k_pe"].contiguous())

@@ -52,10 +52,9 @@ class WarmUpShapes:
 
 
 def rope_variants(shapes: WarmUpShapes) -> list[tuple[int, int, bool]]:
-    """(heads, width, interleaved) of each tensor a layer rotates: the query's and key's rope columns,
-    then the index query and key (rope first, then pass-through columns)."""
-    return [(shapes.heads, ROPE_DIM, shapes.rope_interleave), (1, ROPE_DIM, shapes.rope_interleave),
-            (INDEX_HEADS, INDEX_DIM, shapes.index_rope_interleave), (1, INDEX_DIM, shapes.index_rope_interleave)]
+    """(query heads, width, interleaved) of each rotation a layer launches, its key rows (one head) beside:
+    the MLA query's and key's rope columns, then the index query and key (rope first, then pass-through)."""
+    return [(shapes.heads, ROPE_DIM, shapes.rope_interleave), (INDEX_HEADS, INDEX_DIM, shapes.index_rope_interleave)]
 
 
 def indexer_variants(max_queries: int = 128) -> dict:
@@ -120,8 +119,9 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
     positions_to_pool_rows(zeros(1, shapes.topk), req_to_token, zeros(1))
     launches += 1
     for heads, width, interleaved in dict.fromkeys(rope_variants(shapes)):
-        x = zeros(1, heads, width, dtype=shapes.dtype)
-        rope(x, zeros(1, dtype=torch.int64), zeros(1, ROPE_DIM, dtype=torch.float32), torch.empty_like(x), interleaved)
+        q, k = zeros(1, heads, width, dtype=shapes.dtype), zeros(1, 1, width, dtype=shapes.dtype)
+        rope(q, k, zeros(1, dtype=torch.int64), zeros(1, ROPE_DIM, dtype=torch.float32), torch.empty_like(q),
+             torch.empty_like(k), interleaved)
         launches += 1
     for config, t in sparse_mla_variants(shapes, mla_rows.dtype == torch.uint8).items():
         q = zeros(t, shapes.heads, sparse_mla.D_QK, dtype=torch.bfloat16)

@@ -3,7 +3,7 @@
 Reads top to bottom: the lightning indexer of a full layer (`GlmDsaIndexer`, which asks the
 attention backend through its `DsaIndexBackend` contract), `build_indexer` (it, or SGLang's own
 indexer under SGLang's `dsa` backend), the absorbed-MLA projections around attention
-(`rotated_key`, `absorbed_query`, `heads_output`), and `GlmDsaAttention`, which runs the indexer
+(`absorbed_query_and_key`, `heads_output`), and `GlmDsaAttention`, which runs the indexer
 when the layer is full, writes its top-k into the `TopkBuffer` and attends over the rows the buffer
 holds.
 """
@@ -70,12 +70,15 @@ def _rope(config, rotary_dim: int, interleave: bool) -> RotaryEmbedding:
     return rotary
 
 
-def rotate(rotary: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D] with its first rotary_dim columns rotated at `positions` and the rest copied, written
-    into out: one launch on CUDA (`glm_dsa_kernels.rope`: no contiguous copy, no cat, never in place),
-    the same formula in torch elsewhere."""
-    kernel = rope if x.is_cuda else rope_ref
-    return kernel(x, positions, rotary.cos_sin_cache, out, interleaved=not rotary.is_neox_style)
+def rotate(
+    rotary: RotaryEmbedding, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_out: torch.Tensor,
+    k_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D] and k [T, HK, D] with their first rotary_dim columns rotated at `positions` and the rest
+    copied, written into q_out and k_out: one launch on CUDA (`glm_dsa_kernels.rope`: no contiguous copy,
+    no cat, never in place), the same formula in torch elsewhere."""
+    kernel = rope if q.is_cuda else rope_ref
+    return kernel(q, k, positions, rotary.cos_sin_cache, q_out, k_out, interleaved=not rotary.is_neox_style)
 
 
 class GlmDsaIndexer(nn.Module):
@@ -118,8 +121,8 @@ class GlmDsaIndexer(nn.Module):
         k, _ = self.wk(hidden_states)
         k = self.k_norm(k).unsqueeze(1)
         # RoPE covers the first rope_dim dims of each index head (transformers' layout).
-        q = rotate(self.rotary_emb, positions, q, torch.empty_like(q))
-        k = rotate(self.rotary_emb, positions, k, torch.empty_like(k)).squeeze(1)
+        q, k = rotate(self.rotary_emb, positions, q, k, torch.empty_like(q), torch.empty_like(k))
+        k = k.squeeze(1)
         weights, _ = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype))
         weights = weights.float() * self.n_heads**-0.5
         return q, weights, k
@@ -156,23 +159,20 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
-def rotated_key(k_pe: torch.Tensor, rotary: RotaryEmbedding, positions: torch.Tensor) -> torch.Tensor:
-    """The key's rope columns sparse MLA reads, [T, 1, rope]: k_pe (a strided view of kv_a's output)
-    rotated at `positions` into a fresh contiguous tensor."""
-    return rotate(rotary, positions, k_pe, torch.empty_like(k_pe, memory_format=torch.contiguous_format))
-
-
-def absorbed_query(
-    q_nope: torch.Tensor, q_pe: torch.Tensor, w_kc: torch.Tensor, rotary: RotaryEmbedding, positions: torch.Tensor
-) -> torch.Tensor:
+def absorbed_query_and_key(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, w_kc: torch.Tensor, rotary: RotaryEmbedding,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The query sparse MLA reads, [T, H, kv_lora + rope]: q_nope [T, H, nope] times w_kc [H, nope,
-    kv_lora] beside q_pe [T, H, rope] rotated at `positions`. The bmm writes straight into the rows'
-    latent columns and the rotation into their rope columns: no permute copy, no cat of the query."""
+    kv_lora] beside q_pe [T, H, rope] rotated at `positions`; and the key's rope columns, [T, 1, rope]:
+    k_pe (a strided view of kv_a's output) rotated into a fresh tensor. The bmm writes straight into the
+    rows' latent columns and one rotation into their rope columns and the key: no permute copy, no cat."""
     kv_lora = w_kc.shape[2]
     q = q_nope.new_empty(q_nope.shape[0], q_nope.shape[1], kv_lora + q_pe.shape[2])
     torch.bmm(q_nope.transpose(0, 1), w_kc, out=q[..., :kv_lora].transpose(0, 1))
-    rotate(rotary, positions, q_pe, q[..., kv_lora:])
-    return q
+    _, k = rotate(rotary, positions, q_pe, k_pe, q[..., kv_lora:],
+                  torch.empty_like(k_pe, memory_format=torch.contiguous_format))
+    return q, k
 
 
 def heads_output(out: torch.Tensor, w_vc: torch.Tensor) -> torch.Tensor:
@@ -266,7 +266,6 @@ class GlmDsaAttention(nn.Module):
         latent, _ = self.kv_a_proj_with_mqa(hidden_states)
         kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv_a = self.kv_a_layernorm(kv_a)  # a strided view, as SGLang's own MLA passes it (no copy)
-        k_pe = rotated_key(k_pe.unsqueeze(1), self.rotary_emb, positions)
 
         if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
             q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
@@ -276,12 +275,14 @@ class GlmDsaAttention(nn.Module):
                 self.layer_id,
                 self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
             )
+        # after the indexer, so its temporaries and the [T, H, 576] query are not alive together
+        query, k_rope = absorbed_query_and_key(q_nope, q_pe, k_pe.unsqueeze(1), self.w_kc, self.rotary_emb, positions)
         out = self.attn(
-            absorbed_query(q_nope, q_pe, self.w_kc, self.rotary_emb, positions),
+            query,
             kv_a.unsqueeze(1),
             kv_a.unsqueeze(1),
             forward_batch,
-            k_rope=k_pe.view(-1, 1, self.qk_rope_head_dim),
+            k_rope=k_rope,
             topk_indices=topk_buffer.read(self.layer_id),
         )
         out, _ = self.o_proj(heads_output(out.view(-1, self.num_heads, self.kv_lora_rank), self.w_vc))

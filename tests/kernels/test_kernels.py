@@ -414,26 +414,32 @@ def test_pool_rows(device, topk):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("interleaved", [True, False])
-@pytest.mark.parametrize("heads,width,rope_dim", [(1, 64, 64), (5, 64, 64), (3, 128, 64)])
+@pytest.mark.parametrize("heads,key_heads,width,rope_dim", [(1, 1, 64, 64), (5, 1, 64, 64), (3, 1, 128, 64),
+                                                            (70, 2, 64, 64)])  # two query blocks, two key heads
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("nope", [192, 189])  # rows on 16-byte boundaries (vector loads), and not
-def test_rope(device, interleaved, heads, width, rope_dim, dtype, nope):
-    """From a strided view (the rope columns of a wider projection row) into a strided destination
-    (the query rows' rope columns), poisoned around it: only out's own columns change."""
+def test_rope(device, interleaved, heads, key_heads, width, rope_dim, dtype, nope):
+    """Query and key from strided views (the rope columns of a wider projection row) into strided
+    destinations (the query rows' rope columns), poisoned around them: only the outputs' own columns change."""
     dev = _dev(device)
     torch.manual_seed(heads + width + interleaved)
     T, P = 6, 50
     proj = torch.randn(T, heads, width + nope, device=dev).to(dtype)
-    x = proj[..., nope:]  # strided, as q[..., nope:] or a head's first columns
+    q = proj[..., nope:]  # strided, as q[..., nope:] or a head's first columns
+    k = torch.randn(T, key_heads, width + nope, device=dev).to(dtype)[..., nope:]
     positions = torch.randint(0, P, (T,), device=dev)
     cos_sin = torch.randn(P, rope_dim, device=dev)  # any values: the kernel must not assume |cos|, |sin| <= 1
-    dest = torch.full((T, heads, width + 512), float("nan"), device=dev).to(dtype)
-    out = dest[..., 512:]
-    want = rope_ref(x, positions, cos_sin, torch.empty_like(x), interleaved)
-    rope(x, positions, cos_sin, out, interleaved)
-    torch.testing.assert_close(out, want, rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5)
-    assert torch.isnan(dest[..., :512]).all()  # nothing outside out's columns written
-    assert torch.equal(out[0, :, rope_dim:], x[0, :, rope_dim:]) and not torch.equal(out[1], x[1])
+    q_dest = torch.full((T, heads, width + 512), float("nan"), device=dev).to(dtype)
+    k_dest = torch.full((T, key_heads, width + 512), float("nan"), device=dev).to(dtype)
+    q_out, k_out = q_dest[..., 512:], k_dest[..., 512:]
+    want_q, want_k = rope_ref(q, k, positions, cos_sin, torch.empty_like(q), torch.empty_like(k), interleaved)
+    rope(q, k, positions, cos_sin, q_out, k_out, interleaved)
+    tol = dict(rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-5)
+    torch.testing.assert_close(q_out, want_q, **tol)
+    torch.testing.assert_close(k_out, want_k, **tol)
+    assert torch.isnan(q_dest[..., :512]).all() and torch.isnan(k_dest[..., :512]).all()  # nothing outside out
+    assert torch.equal(q_out[0, :, rope_dim:], q[0, :, rope_dim:]) and not torch.equal(q_out[1], q[1])
+    assert torch.equal(k_out[0, :, rope_dim:], k[0, :, rope_dim:]) and not torch.equal(k_out[1], k[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)

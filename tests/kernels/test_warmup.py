@@ -105,11 +105,11 @@ def test_no_variant_built_after_warm_up(kv_fp8):
             cos_sin = torch.randn(4096, 64, device=dev)
             q, latent = torch.randn(t, 64, 256, device=dev).bfloat16(), torch.randn(t, 576, device=dev).bfloat16()
             query = torch.empty(t, 64, sparse_mla.D_QK, device=dev).bfloat16()
-            rope(q[..., 192:], positions, cos_sin, query[..., 512:], True)
-            rope(latent[:, None, 512:], positions, cos_sin, torch.empty(t, 1, 64, device=dev).bfloat16(), True)
-            for heads in (indexer.N_HEADS, 1):
-                x = torch.randn(t, heads, indexer.HEAD_DIM, device=dev).bfloat16()
-                rope(x, positions, cos_sin, torch.empty_like(x), True)
+            rope(q[..., 192:], latent[:, None, 512:], positions, cos_sin, query[..., 512:],
+                 torch.empty(t, 1, 64, device=dev).bfloat16(), True)
+            q_idx = torch.randn(t, indexer.N_HEADS, indexer.HEAD_DIM, device=dev).bfloat16()
+            k_idx = torch.randn(t, 1, indexer.HEAD_DIM, device=dev).bfloat16()
+            rope(q_idx, k_idx, positions, cos_sin, torch.empty_like(q_idx), torch.empty_like(k_idx), True)
     finally:
         knobs.runtime.jit_post_compile_hook = None
     assert not built, f"variants built after the warm-up: {sorted(set(built))}"
