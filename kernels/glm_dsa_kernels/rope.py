@@ -16,7 +16,7 @@ first 64 of each 128-wide index head with the index key. Rotating `.contiguous()
 (the plugin before session 26) took two to four launches per tensor; a launch per tensor with stride-2
 gathers (sessions 26-28) ran at a sixth of the copy bandwidth (benchmarks/kernels/results.md, "MLA glue").
 Each program loads whole [heads, D] rows, so the loads are 16-byte vectors wherever the rows are aligned,
-and splits the pairs in registers; the key rows are one more program per position.
+and splits the pairs in registers; a position's first program rotates its key rows too.
 """
 
 import torch
@@ -69,10 +69,9 @@ def _rope_kernel(
     i = tl.arange(0, R // 2)
     cos = tl.load(cache_ptr + pos * stride_cache + i).to(tl.float32)[None, :]
     sin = tl.load(cache_ptr + pos * stride_cache + R // 2 + i).to(tl.float32)[None, :]
-    if block < tl.cdiv(H, BLOCK_H):
-        _rotate_rows(q_ptr, q_out_ptr, t, block * BLOCK_H + tl.arange(0, BLOCK_H), H, stride_qt, stride_qh,
-                     stride_qot, stride_qoh, cos, sin, D, R, PASS, INTERLEAVED, BLOCK_H, ALIGN)
-    else:  # the last program of a position: its key rows
+    _rotate_rows(q_ptr, q_out_ptr, t, block * BLOCK_H + tl.arange(0, BLOCK_H), H, stride_qt, stride_qh,
+                 stride_qot, stride_qoh, cos, sin, D, R, PASS, INTERLEAVED, BLOCK_H, ALIGN)
+    if block == 0:  # a position's key rows, in the program that holds its cos / sin already
         _rotate_rows(k_ptr, k_out_ptr, t, tl.arange(0, BLOCK_K), HK, stride_kt, stride_kh,
                      stride_kot, stride_koh, cos, sin, D, R, PASS, INTERLEAVED, BLOCK_K, ALIGN)
 
@@ -106,9 +105,9 @@ def rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: tor
     if T:
         block_h = min(triton.next_power_of_2(H), 64)
         block_k = triton.next_power_of_2(HK)
-        assert block_k <= 64, f"{HK} key heads: the key rows of a position are one program"
+        assert block_k <= 64, f"{HK} key heads: a position's key rows are one block"
         rest = D - rope_dim
-        _rope_kernel[(T, triton.cdiv(H, block_h) + 1)](
+        _rope_kernel[(T, triton.cdiv(H, block_h))](
             q, k, positions, cos_sin, q_out, k_out, H, HK,
             q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
             k.stride(0), k.stride(1), k_out.stride(0), k_out.stride(1), cos_sin.stride(0),
