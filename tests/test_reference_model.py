@@ -218,6 +218,9 @@ def test_fp8_activation_rounding_reaches_exactly_the_served_fp8_gemms(tmp_path):
     assert hooked == {n for n in fp8 if ".experts." not in n and not n.endswith("kv_b_proj")}
     assert moes == {n.split(".experts.")[0] for n in fp8 if ".experts." in n} and moes
     assert not any(n.endswith(("weights_proj", "eh_proj", "lm_head", "mlp.gate")) for n in hooked)
+    # the GPU suite's margin follows this flag
+    assert plain.fp8_weights and rounded.fp8_weights
+    assert not load_reference_model(make_tiny_checkpoint(tmp_path / "bf16", config_overrides=dims)).fp8_weights
     with torch.no_grad():
         a, b = plain(prompts(1, 24)).logits, rounded(prompts(1, 24)).logits
     assert not torch.equal(a, b) and (a - b).abs().mean() < 0.25 * a.abs().mean()  # 3 mantissa bits a GEMM input

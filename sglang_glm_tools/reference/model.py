@@ -53,6 +53,7 @@ class GlmDsaForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.fp8_weights = False  # loaded from a block-FP8 checkpoint (`load_reference_model`)
 
     @property
     def mtp_layer(self) -> MtpLayer:
@@ -160,6 +161,7 @@ def load_reference_model(path: str | Path, dtype: torch.dtype = torch.float64, d
         tensors = dequantized_state_dict(path, torch.float32)
     model = GlmDsaForCausalLM(cfg)
     model.load_hub_state_dict({k: v.to(torch.float32) for k, v in tensors.items()})
+    model.fp8_weights = bool(fp8_linears)
     if fp8_activations and fp8_linears:
         quant = json.loads((path / "config.json").read_text())["quantization_config"]
         model.round_fp8_activations(fp8_linears, group=quant["weight_block_size"][1])

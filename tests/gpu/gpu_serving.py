@@ -179,18 +179,12 @@ class Agreement:
         )
 
 
-def checkpoint_margin(path) -> float:
-    """FP8_MARGIN for a checkpoint with FP8 weights, else MARGIN."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    return FP8_MARGIN if "quantization_config" in config else MARGIN
-
-
 @torch.no_grad()
 def agreement(path, prompts, outs: list[dict], dense: bool = False) -> Agreement:
     """Teacher-forced float64 reference over each served sequence, judged by the margin rule at the
     checkpoint's margin."""
     model = reference(path, dense)
-    result = Agreement(margin=checkpoint_margin(path))
+    result = Agreement(margin=FP8_MARGIN if model.fp8_weights else MARGIN)
     for r, (prompt, out) in enumerate(zip(prompts, outs)):
         served = out["output_ids"]
         ids = torch.tensor([prompt + served], device="cuda")
