@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device tool carries the working tree (tracked files included) plus `carry` paths, 64 MiB in all;
-# .gpu/ alone is ~61 MiB, so the bundled models' weights and the raw logs step outside the tree for a
+# .gpu/ alone is ~50 MiB, so the bundled models' weights and the raw logs step outside the tree for a
 # device call (with .gpu/whl's jedi wheel), and the models a call needs travel xz-compressed in .gpu/models (unpack them there with
 # `mkdir -p /tmp/models && for m in .gpu/models/*.tar.xz; do tar xJf $m -C /tmp/models; done`).
 #   bash scripts/device_tree.sh out [MODEL_DIR ...]  # weights (> 1 MB) and logs to ../device-held-assets;
@@ -15,6 +15,15 @@ case "$mode" in
   out)
     shift
     rm -rf .gpu/models && mkdir -p .gpu/models
+    # SGLang and its JIT cache travel xz-compressed (13.4 -> 8.7 MB and 9.0 -> 2.2 MB as gzip came; session
+    # 29), which leaves room for .gpu/deepgemm; device_env.sh unpacks them with xz, as the models are.
+    # A jitcache.tar.gz copied back from a device call is recompressed here too.
+    for gz in .gpu/carry/jitcache.tar.gz .gpu/carry/sglang-0.5.23-trimmed.tar.gz; do
+      [ -f "$gz" ] || continue
+      gzip -dc "$gz" | xz -T2 -9 > "${gz%.gz}.xz.part" && mv "${gz%.gz}.xz.part" "${gz%.gz}.xz" && rm -f "$gz"
+    done
+    [ -f .gpu/device_env.sh ] && sed -i -e 's/tar xzf "\$_G\/carry\/\([a-z0-9.-]*\)\.tar\.gz"/tar xJf "$_G\/carry\/\1.tar.xz"/g' \
+      -e 's/-f "\$_G\/carry\/jitcache\.tar\.gz"/-f "$_G\/carry\/jitcache.tar.xz"/' .gpu/device_env.sh
     for model in "$@"; do
       tar cf - -C "$(dirname "$model")" "$(basename "$model")" | xz -T2 -6 > ".gpu/models/$(basename "$model").tar.xz"
     done

@@ -58,8 +58,8 @@
 #   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.
 # - peer, flashmla: .gpu/peer/sgl_flash_mla-1.0.0-*.whl (9.9 MB; `pip download --no-deps sgl-flash-mla==1.0.0`,
 #   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-*.whl for SGLang's DeepGEMM
-#   indexer (else its torch fall-back): `bash scripts/build_deep_gemm.sh` builds one for the device's torch (4.3 MiB). Both wheels and .gpu pass the 64 MiB carry only with .gpu/whl/jedi-*.whl
-#   held out (`scripts/device_tree.sh out`).
+#   indexer (else its torch fall-back): `bash scripts/build_deep_gemm.sh` builds one for the device's torch (4.3 MiB). Both wheels and .gpu
+#   fit the 64 MiB carry (53.4 MiB) once `scripts/device_tree.sh out` has xz-compressed .gpu/carry.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/glm_gpu_out}
