@@ -76,19 +76,6 @@ GPU_SERVER_ARGS = [
     "--sampling-backend", "pytorch", "--grammar-backend", "none", "--log-level", "info",
     "--decode-log-interval", "200",  # overrides serving_bench.server's per-step log line: no scheduler spam
 ]
-# A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
-# every token to the same experts, so SGLang's switch spreads them (never with trained weights).
-
-
-def pool_args() -> list[str]:
-    """Most of the GPU for a 128K-context pool: 0.88 on an H200, which leaves ~17 GB for activations,
-    graph capture and the start-up warm-up; a smaller card keeps the same 17 GB (an H100 at 0.88 ran out
-    of memory in the 16K-chunk warm-up, session 29)."""
-    import torch
-
-    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    return ["--mem-fraction-static", f"{min(0.88, 1 - 17 / total_gb):.2f}"]
-
 
 # SGLang's own path captures breakable prefill graphs (its DSA default) up to 8192 tokens after the
 # pool is allocated: 0.88 left it 16 GB and the capture ran out of memory (session 17); 0.75 left 34 GB,
@@ -98,6 +85,8 @@ def pool_args() -> list[str]:
 # An H100 does not hold this path for the GLM-5.2-shaped model: at 0.5 its weights leave no KV room (0.66
 # needed), at 0.72 its start-up ran out of memory (session 29); the peer runs need an H200.
 PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
+# A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
+# every token to the same experts, so SGLang's switch spreads them (never with trained weights).
 DUMMY_ARGS = ["--load-format", "dummy"]
 DUMMY_ENV = {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}
 # A trained model outside the Triton kernels' geometry (the bundled glm-dsa-mini) is served by the
@@ -179,6 +168,17 @@ WORKLOADS = {
 KEEP = ["completed", "duration", "request_throughput", "input_throughput", "output_throughput",
         "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
         "median_itl_ms", "median_e2e_latency_ms", "accept_length"]
+
+
+def pool_args() -> list[str]:
+    """Most of the GPU for a 128K-context pool: 0.88 on an H200, which leaves ~17 GB for activations,
+    graph capture and the start-up warm-up; a smaller card keeps the same 17 GB (an H100 at 0.88 ran out
+    of memory in the warm-up's 16K-token chunk, in the device's sgl_kernel stand-in summing the routed
+    experts in float32; session 29)."""
+    import torch
+
+    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
+    return ["--mem-fraction-static", f"{min(0.88, 1 - 17 / total_gb):.2f}"]
 
 
 def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
