@@ -17,10 +17,15 @@ case "$mode" in
     rm -rf .gpu/models && mkdir -p .gpu/models
     # SGLang and its JIT cache travel xz-compressed (13.4 -> 8.7 MB and 9.0 -> 2.2 MB as gzip came; session
     # 29), which leaves room for .gpu/deepgemm; device_env.sh unpacks them with xz, as the models are.
-    # A jitcache.tar.gz copied back from a device call is recompressed here too.
+    # A jitcache.tar.gz copied back from a device call joins the carried one (a call returns only the
+    # modules its machine held, so the union keeps every module any call compiled).
     for gz in .gpu/carry/jitcache.tar.gz .gpu/carry/sglang-0.5.23-trimmed.tar.gz; do
       [ -f "$gz" ] || continue
-      gzip -dc "$gz" | xz -T2 -9 > "${gz%.gz}.xz.part" && mv "${gz%.gz}.xz.part" "${gz%.gz}.xz" && rm -f "$gz"
+      xz=${gz%.gz}.xz
+      merge=$(mktemp -d)
+      [ "$gz" = .gpu/carry/jitcache.tar.gz ] && [ -f "$xz" ] && tar xJf "$xz" -C "$merge"
+      tar xzf "$gz" -C "$merge"
+      tar cf - -C "$merge" . | xz -T2 -9 > "$xz.part" && mv "$xz.part" "$xz" && rm -rf "$gz" "$merge"
     done
     [ -f .gpu/device_env.sh ] && sed -i -e 's/tar xzf "\$_G\/carry\/\([a-z0-9.-]*\)\.tar\.gz"/tar xJf "$_G\/carry\/\1.tar.xz"/g' \
       -e 's/-f "\$_G\/carry\/jitcache\.tar\.gz"/-f "$_G\/carry\/jitcache.tar.xz"/' .gpu/device_env.sh
