@@ -123,9 +123,10 @@ def rope_ref(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin:
     (float64 rows stay float64)."""
     rope_dim = cos_sin.shape[1]
     _check(q, k, positions, cos_sin, q_out, k_out, rope_dim)
+    rows = cos_sin[positions.long()][:, None]  # gathered once for the query and its key
     for x, out in ((q, q_out), (k, k_out)):
         dtype = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = cos_sin[positions.long()].to(dtype)[:, None].chunk(2, dim=-1)
+        cos, sin = rows.to(dtype).chunk(2, dim=-1)
         rot = x[..., :rope_dim].to(dtype)
         x1, x2 = (rot[..., 0::2], rot[..., 1::2]) if interleaved else rot.chunk(2, dim=-1)
         o1, o2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
