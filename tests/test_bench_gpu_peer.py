@@ -49,14 +49,17 @@ def test_the_peer_indexer_runs_on_deep_gemm_only_where_the_site_holds_it(tmp_pat
     assert env["SGLANG_PLUGINS"] == "gpu_standin"
 
 
-def test_peer_flags_and_log_check_shared_by_bench_gpu_and_profile_decode(tmp_path):
+def test_peer_flags_and_log_check_shared_by_bench_gpu_and_profile_decode(tmp_path, monkeypatch):
     sys.path.insert(0, str(GPU_BENCH))
     import bench_gpu
     from sglang_glm_tools import peer
 
-    flags = bench_gpu.peer_flags(["--kv-cache-dtype", "fp8_e4m3"], tmp_path)
-    assert flags == ["--kv-cache-dtype", "fp8_e4m3", *peer.flags(["--kv-cache-dtype", "fp8_e4m3"]),
-                     *bench_gpu.PEER_POOL_ARGS]
+    own = peer.flags(["--kv-cache-dtype", "fp8_e4m3"])
+    for card_gb, pool in ((150.0, ["0.5", "2048"]), (85.0, ["0.70", "512"])):  # an H200, an H100
+        monkeypatch.setattr(bench_gpu, "card_gb", lambda: card_gb)
+        flags = bench_gpu.peer_flags(["--kv-cache-dtype", "fp8_e4m3"], tmp_path)
+        assert flags == ["--kv-cache-dtype", "fp8_e4m3", *own, "--mem-fraction-static", pool[0],
+                         "--cuda-graph-max-bs-prefill", pool[1]]
     log = tmp_path / "server.log"
     log.write_text("SGLang's own model loaded\n")
     bench_gpu.check_peer_log(log, "indexcache@sglang")

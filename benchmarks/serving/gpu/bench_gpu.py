@@ -82,9 +82,13 @@ GPU_SERVER_ARGS = [
 # which its torch indexer (DeepGEMM's does not run on the device's torch) used up by 7168 tokens, 23 GB
 # for the 8192-token graph alone (session 20). 0.5 still pools ~2M BF16 KV tokens, far beyond the runs;
 # graphs up to 2048 tokens, as SGLang's OOM message advises (the runs' 16K prefill chunks take none anyway).
-# An H100 does not hold this path for the GLM-5.2-shaped model: at 0.5 its weights leave no KV room (0.66
-# needed), at 0.72 its start-up ran out of memory (session 29); the peer runs need an H200.
 PEER_POOL_ARGS = ["--mem-fraction-static", "0.5", "--cuda-graph-max-bs-prefill", "2048"]
+# An 80 GB card (H100): the GLM-5.2-shaped model's weights take 51 GB, so the pool needs >= 0.67 (at 0.5
+# SGLang refused to start), and at 0.72 with graphs up to 2048 tokens the capture ran out of memory at the
+# 416-token graph, ~1.1 MB a token per graph (session 29, torch indexer). 0.70 pools ~320K BF16 KV tokens
+# (decode b64 at 4K needs 262K) and graphs up to 512 tokens take ~7 GB of the ~22 GB left. The runs'
+# prefills (4K-128K, 16K chunks) and decode graphs take no prefill graph on either side, so the rows compare.
+PEER_POOL_ARGS_80GB = ["--mem-fraction-static", "0.70", "--cuda-graph-max-bs-prefill", "512"]
 # A directory without weights is served by SGLang's benchmarking loader; dummy router weights would send
 # every token to the same experts, so SGLang's switch spreads them (never with trained weights).
 DUMMY_ARGS = ["--load-format", "dummy"]
@@ -101,7 +105,12 @@ def peer_flags(flags: list[str], site: str | Path) -> list[str]:
     """A config's flags as SGLang's own path serves them (its `dsa` backend and pool; later flags win)."""
     own = peer.flags(flags)
     print(f"  SGLang's own path: {' '.join(own)}, FlashMLA from {site}, indexer on {peer.indexer(site)}", flush=True)
-    return flags + own + PEER_POOL_ARGS
+    return flags + own + peer_pool_args(card_gb())
+
+
+def peer_pool_args(total_gb: float) -> list[str]:
+    """SGLang's own path's pool and prefill-graph flags on a card of total_gb."""
+    return PEER_POOL_ARGS if total_gb > 100 else PEER_POOL_ARGS_80GB
 
 
 def check_peer_log(log: Path, label: str) -> None:
@@ -175,10 +184,14 @@ def pool_args() -> list[str]:
     graph capture and the start-up warm-up; a smaller card keeps the same 17 GB (an H100 at 0.88 ran out
     of memory in the warm-up's 16K-token chunk, in the device's sgl_kernel stand-in summing the routed
     experts in float32; session 29)."""
+    return ["--mem-fraction-static", f"{min(0.88, 1 - 17 / card_gb()):.2f}"]
+
+
+def card_gb() -> float:
+    """GPU 0's memory in GB."""
     import torch
 
-    total_gb = torch.cuda.get_device_properties(0).total_memory / 1e9
-    return ["--mem-fraction-static", f"{min(0.88, 1 - 17 / total_gb):.2f}"]
+    return torch.cuda.get_device_properties(0).total_memory / 1e9
 
 
 def server_setup(model: Path, gpu: bool) -> tuple[bool, list[str], dict]:
