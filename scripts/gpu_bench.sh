@@ -39,7 +39,8 @@
 #                     G's 64 heads the table gives FlashMLA BF16 prefill chunks (TTFT) and FP8 batches of
 #                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton]
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
-# topk         31     before/after of the top-k select: compare_versions on 1 and 8 rows, then G plain decode b1/b8
+# topk         31,30  before/after of the top-k select: compare_versions on 1 and 8 rows and a 16K-query prefill
+#                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select); then G plain decode b1/b8
 # gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
 #                     the configs (@gemm) and without (@nogemm)
 # moe          29,31  tune_fused_moe.py on G's routed experts [MOE_TP, MOE_M=1,4,32,128,8,16,64], then G plain
@@ -186,7 +187,7 @@ case "$1" in
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     { python3 ../../kernels/compare_versions.py --pkg before=/tmp/plugin_before/glm_dsa_kernels \
-        --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752 \
+        --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
         --out "$WORK/compare_topk.json"
       python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
       limit "${BENCH_TIMEOUT:-420}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \

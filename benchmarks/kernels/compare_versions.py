@@ -10,7 +10,11 @@ or by editing a copy; the run's log names what each copy changes.
 
 Problems: fmt:T:H is sparse MLA (fmt bf16 or fp8 KV, T queries, H heads, 2048 keys each);
 topk:T:KEYS:WIDTH is topk_positions' top 2048 of T rows of KEYS keys inside logits WIDTH wide, as
-under decode CUDA graphs (the logits as wide as the longest context, +inf past each row's keys).
+under decode CUDA graphs (the logits as wide as the longest context, +inf past each row's keys);
+topkp:T:KEYS is a causal prefill chunk, the last T queries of a KEYS-token prompt (row t sees
+KEYS - T + t + 1 keys; T <= KEYS - 2048, so every row keeps 2048). Each top-k problem also times
+`torch.topk` on the same logits, masked to -inf past each row's keys as SGLang's own path selects
+(--dsa-topk-backend torch; unordered, ties unspecified), checked to keep the reference's positions.
 
 Prints, per problem, each copy's median (bench_kernels.bench: CUDA graph, L2 evicted) and its
 ratio to the first copy.
@@ -26,11 +30,26 @@ import torch
 from bench_kernels import bench, load_previous, measure_ceilings, mla_inputs, rel_err
 
 
+def topk_inputs(fmt: str, *dims: int, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """Random fp32 logits and their rows' key limits for a topk / topkp problem (module docstring)."""
+    if fmt == "topk":
+        T, keys, width = dims
+        logits = torch.randn(T, width, device=device)
+        logits[:, keys:] = float("inf")  # never read: a row's keys end at its key_limit
+        return logits, torch.full((T,), keys, device=device, dtype=torch.int32)
+    T, keys = dims
+    assert T <= keys - 2048, f"topkp:{T}:{keys}: a row with fewer than 2048 keys pads with -1, torch.topk cannot"
+    key_limit = torch.arange(keys - T + 1, keys + 1, device=device, dtype=torch.int32)
+    logits = torch.randn(T, keys, device=device)
+    logits.masked_fill_(torch.arange(keys, device=device) >= key_limit[:, None], float("inf"))  # never read
+    return logits, key_limit
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pkg", action="append", required=True, help="NAME=DIR of a package copy (repeat)")
     ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64",
-                    help="fmt:T:H or topk:T:KEYS:WIDTH, comma list")
+                    help="fmt:T:H, topk:T:KEYS:WIDTH or topkp:T:KEYS, comma list")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     copies = [(n, *load_previous(Path(d), "sparse_mla", "topk_select", name=n))
@@ -43,11 +62,8 @@ def main():
     for problem in args.problems.split(","):
         fmt, *dims = problem.split(":")
         line = []
-        if fmt == "topk":
-            T, keys, width = map(int, dims)
-            logits = torch.randn(T, width, device="cuda")
-            logits[:, keys:] = float("inf")  # never read: a row's keys end at its key_limit
-            key_limit = torch.full((T,), keys, device="cuda", dtype=torch.int32)
+        if fmt in ("topk", "topkp"):
+            logits, key_limit = topk_inputs(fmt, *map(int, dims))
             ref = copies[0][2].topk_positions_ref(logits, key_limit, 2048)
             for name, _, mod in copies:
                 if not torch.equal(mod.topk_positions(logits, key_limit, 2048), ref):
@@ -57,6 +73,15 @@ def main():
                 results.append(dict(problem=problem, copy=name, us=t * 1e6))
                 base = next(r["us"] for r in results if r["problem"] == problem)
                 line.append(f"{name} {t * 1e6:.1f}us ({base / (t * 1e6):.2f}x)")
+            masked = logits.masked_fill(torch.arange(logits.shape[1], device="cuda") >= key_limit[:, None], float("-inf"))
+            kept = torch.topk(masked, 2048, dim=1, sorted=False).indices.sort(dim=1).values
+            if not torch.equal(kept.to(torch.int32), ref):
+                line.append("torch.topk WRONG (not the reference's positions)")
+            else:
+                t = bench(lambda: torch.topk(masked, 2048, dim=1, sorted=False), rep=50)
+                base = next((r["us"] for r in results if r["problem"] == problem), t * 1e6)
+                results.append(dict(problem=problem, copy="torch.topk", us=t * 1e6))
+                line.append(f"torch.topk {t * 1e6:.1f}us ({base / (t * 1e6):.2f}x)")
         else:
             T, H = map(int, dims)
             kv = kv_fp8 if fmt == "fp8" else kv_bf16
