@@ -12,7 +12,9 @@ target plan whose last layers are shared:
 - index share: the MTP indexer runs in every draft-extend pass and in NO draft step >= 1
   (counted from the draft model's trace), and the draft layer owns an indexer even when the
   target's plan marks its last layers shared;
-- temperature > 0 is refused on CPU (verification there is greedy only).
+- temperature > 0 is refused on CPU (verification there is greedy only);
+- with the shared expert fused into the routed experts' kernel (SGLang's fusion, forced on CPU), the
+  target still serves transformers' tokens and the draft the float64 reference's logits.
 """
 
 from pathlib import Path
@@ -35,6 +37,7 @@ STEPS = 5
 NEW_TOKENS = 24
 LENGTHS = (52, 41, 33, 26)  # distinct, to match trace rows to prompts
 SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=STEPS)
+SHARED_EXPERT = "model.layers.1.mlp.shared_experts.gate_up_proj.weight"
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
 
 
@@ -73,6 +76,8 @@ def test_chain_drafts_match_float64_reference_and_serve_losslessly(prompts, tmp_
     trace_dir = tmp_path / "trace"
     mtp_trace.enable(monkeypatch, trace_dir)
     with engine(MINI, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1, **SPEC) as llm:
+        # SGLang fuses a shared expert only on CUDA: here it is its own MLP (the fused test's control)
+        assert llm.get_weights_by_name(SHARED_EXPERT) is not None
         batch = llm.generate(input_ids=prompts, sampling_params=GREEDY)
         records = mtp_trace.load(trace_dir)
         alone = []
@@ -149,3 +154,40 @@ def test_tree_drafts_with_shared_target_plan(prompts, tmp_path, monkeypatch):
     assert steps and not any(r["ran_indexer"] for r in steps)
     # Tree draft steps have topk rows per request, each reading its request's shared row.
     assert all(r["logits"].shape[0] == 3 * r["req_pool_indices"].shape[0] for r in steps)
+
+
+def test_shared_expert_fused_into_routed_experts(prompts, tmp_path, monkeypatch, capfd):
+    """--enforce-shared-experts-fusion (what SGLang does by itself for GLM-5.2 on CUDA): each MoE layer's
+    shared expert is loaded as routed expert n_routed_experts of the target's and the draft's fused MoE."""
+    from safetensors import safe_open
+
+    from sglang_glm.models.weights import FUSED_SHARED_EXPERT_LOG_LINE
+    from sglang_glm_tools.reference import load_reference_model, reference_draft_round
+
+    trace_dir = tmp_path / "trace"
+    mtp_trace.enable(monkeypatch, trace_dir)
+    with engine(MINI, speculative_eagle_topk=1, speculative_num_draft_tokens=STEPS + 1,
+                enforce_shared_experts_fusion=True, log_level="info", **SPEC) as llm:
+        assert llm.get_weights_by_name(SHARED_EXPERT) is None
+        w13 = llm.get_weights_by_name("model.layers.1.mlp.experts.w13_weight", truncate_size=1 << 30)
+        batch = llm.generate(input_ids=prompts, sampling_params=GREEDY)
+    records = mtp_trace.load(trace_dir)
+    log = "".join(capfd.readouterr())
+    for model in ("GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN"):
+        assert f"{model} {FUSED_SHARED_EXPERT_LOG_LINE} 8 " in log, model
+
+    with safe_open(str(MINI / "model.safetensors"), "pt") as f:
+        gate, up = (f.get_tensor(f"model.layers.1.mlp.shared_experts.{n}_proj.weight") for n in ("gate", "up"))
+    routed = 8  # the mini model's n_routed_experts; the shared expert is the ninth
+    w13 = torch.tensor(w13).view(routed + 1, -1, gate.shape[1])
+    assert torch.equal(w13[routed], torch.cat([gate, up]).float())
+
+    assert [o["output_ids"] for o in batch] == hf_greedy(MINI, prompts, NEW_TOKENS)
+    assert _stats(batch).mean_accept_length > 1.5
+    got = _first_round(records, prompts).double()
+    model = load_reference_model(MINI, dtype=torch.float64)
+    for b in (0, 1):
+        _, ref = reference_draft_round(model, torch.tensor([prompts[b]]), STEPS, index_share=True, post_norm_carry=True)
+        assert torch.equal(got[b].argmax(-1), ref.tokens[0]), f"prompt {b}: draft tokens differ"
+        err = (got[b] - ref.logits[0]).abs().max().item()
+        assert err < 5e-4, f"prompt {b}: draft logits differ from the float64 reference by {err}"

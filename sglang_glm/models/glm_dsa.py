@@ -29,8 +29,11 @@ from sglang_glm.models.attention import GlmDsaAttention
 from sglang_glm.models.weights import (
     CheckpointAccounting,
     CheckpointError,
+    SharedExpertFusion,
     dequantized_weight,
     expert_params_mapping,
+    fused_shared_expert_name,
+    fused_shared_experts,
     load_tensor,
 )
 from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings, module_config
@@ -167,7 +170,9 @@ def check_plan_servable(plan: LayerPlan, built: LayerPlan) -> None:
         )
 
 
-class GlmMoeDsaForCausalLM(nn.Module):
+class GlmMoeDsaForCausalLM(SharedExpertFusion, nn.Module):
+    fused_shared_experts_architecture = "GlmMoeDsaForCausalLM"
+
     def __init__(
         self,
         config,
@@ -185,6 +190,7 @@ class GlmMoeDsaForCausalLM(nn.Module):
         logger.info(self.plan.describe())
         config = module_config(config)
         self.config = config
+        self.fused_shared_experts = fused_shared_experts(type(self).__name__, config)
         self.quant_config = quant_config
         self.model = GlmDsaModel(config, self.settings, quant_config, add_prefix("model", prefix))
         if self.model.pp_group.is_last_rank:
@@ -243,12 +249,14 @@ class GlmMoeDsaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
         accounting = CheckpointAccounting(self.config, self.plan, self.start_layer, self.end_layer, params)
-        expert_mapping = expert_params_mapping(self.config)
+        expert_mapping = expert_params_mapping(self.config, self.fused_shared_experts)
         pending_fused: dict = {}  # FP8 halves of the fused indexer projection waiting for their other half
         fused_parts: dict[str, set] = {}
         for name, tensor in weights:
             if not accounting.admit(name, tensor):
                 continue
+            if self.fused_shared_experts:
+                name = fused_shared_expert_name(name, self.config.n_routed_experts)
             fused = name.rsplit(".indexer.", 1)[0] + ".indexer.wk_weights_proj.weight"
             if (
                 self.settings.indexer == SGLANG_INDEXER

@@ -31,7 +31,14 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.utils import add_prefix
 
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
-from sglang_glm.models.weights import dequantized_weight, expert_params_mapping, load_tensor
+from sglang_glm.models.weights import (
+    SharedExpertFusion,
+    dequantized_weight,
+    expert_params_mapping,
+    fused_shared_expert_name,
+    fused_shared_experts,
+    load_tensor,
+)
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
 from sglang_glm.mtp.recycle import carried_hidden
 from sglang_glm.settings import GlmDsaSettings, module_config
@@ -104,7 +111,9 @@ class GlmDsaModelNextN(nn.Module):
         return pre, post
 
 
-class GlmMoeDsaForCausalLMNextN(nn.Module):
+class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
+    fused_shared_experts_architecture = "GlmMoeDsaForCausalLMNextN"  # the name SGLang gives a GLM draft
+
     def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = "",
                  settings: Optional[GlmDsaSettings] = None):
         super().__init__()
@@ -116,6 +125,7 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
         # The target's settings, resolved from the same config and launch.
         self.settings = settings = settings or GlmDsaSettings.for_this_process(config)
         self.config = config = module_config(config)
+        self.fused_shared_experts = fused_shared_experts(type(self).__name__, config)
         self.model = GlmDsaModelNextN(config, settings, quant_config, add_prefix("model", prefix))
         self.lm_head = ParallelLMHead(
             config.vocab_size, config.hidden_size, prefix=add_prefix("model.shared_head.head", prefix)
@@ -201,12 +211,14 @@ class GlmMoeDsaForCausalLMNextN(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
-        expert_mapping = expert_params_mapping(self.config)
+        expert_mapping = expert_params_mapping(self.config, self.fused_shared_experts)
         loaded = set()
         for name, tensor in weights:
             draft_name = self._draft_name(name)
             if draft_name is None:
                 continue
+            if self.fused_shared_experts:
+                draft_name = fused_shared_expert_name(draft_name, self.config.n_routed_experts)
             loaded.add(load_tensor(params, expert_mapping, draft_name, tensor, type(self).__name__))
         need = {
             n for n in params

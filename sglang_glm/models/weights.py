@@ -1,7 +1,8 @@
 """GLM-DSA weight loading shared by the target and the MTP draft, and checkpoint accounting.
 
 `load_tensor` puts one checkpoint tensor into its parameter (stacked gate/up, routed experts,
-plain); `dequantized_weight` gives kv_b_proj in floating point for MLA absorption.
+plain); a shared expert that SGLang fuses into the routed experts (`SharedExpertFusion`) is loaded as
+routed expert `n_routed_experts`; `dequantized_weight` gives kv_b_proj in floating point for MLA absorption.
 Accounting: what is skipped, what must be there.
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
@@ -18,7 +19,9 @@ import re
 
 import torch
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+from sglang.srt.layers.moe.utils import get_num_fused_shared_experts
 from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
 from torch import nn
 
 from sglang_glm.layer_plan import LayerPlan
@@ -39,14 +42,45 @@ STACKED_PARAMS_MAPPING = [
 ]
 
 
-def expert_params_mapping(config) -> list:
-    """SGLang's FusedMoE mapping from checkpoint expert tensors to its stacked expert parameters."""
+def expert_params_mapping(config, fused_shared_experts: int) -> list:
+    """SGLang's FusedMoE mapping from checkpoint expert tensors to its stacked expert parameters (the
+    fused shared expert, if any, is expert n_routed_experts)."""
     return FusedMoE.make_expert_params_mapping(
         ckpt_gate_proj_name="gate_proj",
         ckpt_down_proj_name="down_proj",
         ckpt_up_proj_name="up_proj",
-        num_experts=config.n_routed_experts,
+        num_experts=config.n_routed_experts + fused_shared_experts,
     )
+
+
+class SharedExpertFusion:
+    """SGLang's rule for running a MoE layer's shared expert inside the routed experts' fused kernel,
+    as routed expert `n_routed_experts` with a fixed weight: its loader asks the model class before
+    building it (CUDA, 256 or 384 routed experts, one shared, no expert parallelism; or
+    --enforce-shared-experts-fusion), and `DeepseekV2MoE` then builds no separate shared expert. Each
+    model class names the architecture SGLang compares; the rule is SGLang's own, rebound to it."""
+
+    fused_shared_experts_architecture: str
+    shared_experts_fusion_disable_reason = vars(DeepseekV2ForCausalLM)["shared_experts_fusion_disable_reason"]
+    num_fusable_shared_experts = vars(DeepseekV2ForCausalLM)["num_fusable_shared_experts"]
+
+
+FUSED_SHARED_EXPERT_LOG_LINE = "runs each MoE layer's shared expert as routed expert"
+
+
+def fused_shared_experts(model: str, config) -> int:
+    """How many shared experts SGLang's loader fused into the routed experts of the model it is
+    building (0 or 1, SharedExpertFusion's rule), logged when it did."""
+    fused = get_num_fused_shared_experts()
+    if fused:
+        logger.info("%s %s %d of SGLang's fused MoE kernel (shared-expert fusion)", model,
+                    FUSED_SHARED_EXPERT_LOG_LINE, config.n_routed_experts)
+    return fused
+
+
+def fused_shared_expert_name(name: str, n_routed_experts: int) -> str:
+    """A shared expert's checkpoint tensor under the name of the routed expert it runs as when fused."""
+    return name.replace(".mlp.shared_experts.", f".mlp.experts.{n_routed_experts}.")
 
 
 def load_tensor(params: dict, expert_mapping: list, name: str, tensor: torch.Tensor, model: str) -> str:

@@ -163,15 +163,22 @@ SHARE_OFF = ("--json-model-override-args", '{"index_share_for_mtp_iteration": fa
         ("mtp_tree_share_on", TREE),
         ("mtp_tree_share_off", TREE + SHARE_OFF),
         ("mtp_tree_torch", TREE + ("--attention-backend", "glm_dsa_torch", "--disable-cuda-graph")),
+        # what SGLang does by itself for GLM-5.2's 256 routed experts (this model has 8)
+        ("mtp_chain_fused_shared_expert", CHAIN + ("--enforce-shared-experts-fusion",)),
     ],
 )
 def test_mtp_lossless_with_acceptance(models, name, args):
     """EAGLE with the MTP layer (chains and trees; trees run with page size 1; SGLang's overlap
-    scheduler on, its default, and off): verified tokens agree with the reference, and acceptance
-    is reported per request, per draft position too (meta_info and Prometheus)."""
+    scheduler on, its default, and off; the shared expert fused into the routed experts' kernel):
+    verified tokens agree with the reference, and acceptance is reported per request, per draft
+    position too (meta_info and Prometheus)."""
     with gpu_server(models["glm52"], name, *args, "--enable-metrics") as url:
         got, result, outs = serve_and_judge(url, models["glm52"], name)
         metrics = requests.get(url + "/metrics", timeout=30).text
+    if "--enforce-shared-experts-fusion" in args:
+        log = (results_dir() / f"server_{name}.log").read_text(errors="replace")
+        for model in ("GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN"):
+            assert f"{model} runs each MoE layer's shared expert as routed expert 8 " in log, model
     accept = [o["meta_info"].get("spec_accept_length") for o in outs]
     per_position = [o["meta_info"].get("spec_accept_per_position") for o in outs]
     record(name + "_acceptance", spec_accept_length=accept, spec_accept_per_position=per_position)
