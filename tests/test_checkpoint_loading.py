@@ -109,9 +109,11 @@ def test_unknown_tensors_fail(tmp_path, extra, message):
     assert extra in log and message in log
 
 
-@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_a_proj.weight", "lm_head.weight"])
+@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_a_proj.weight", "lm_head.weight",
+                                     "model.layers.2.mlp.experts.3.down_proj.weight"])
 def test_missing_tensors_fail(tmp_path, dropped):
-    """A parameter the checkpoint does not fill would serve its initial values; loading stops instead."""
+    """A parameter the checkpoint does not fill would serve its initial values; loading stops instead.
+    One routed expert's tensor counts too: SGLang stacks a layer's experts into one parameter."""
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", mtp=False)
     tensors = load_file(str(ckpt / "model.safetensors"))
     del tensors[dropped]

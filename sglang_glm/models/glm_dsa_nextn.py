@@ -32,6 +32,7 @@ from sglang.srt.utils import add_prefix
 
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
 from sglang_glm.models.weights import (
+    ExpertInventory,
     SharedExpertFusion,
     dequantized_weight,
     expert_params_mapping,
@@ -213,10 +214,12 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
         params = dict(self.named_parameters())
         expert_mapping = expert_params_mapping(self.config, self.fused_shared_experts)
         loaded = set()
+        experts = ExpertInventory(self.config)
         for name, tensor in weights:
             draft_name = self._draft_name(name)
             if draft_name is None:
                 continue
+            experts.see(name)
             if self.fused_shared_experts:
                 draft_name = fused_shared_expert_name(draft_name, self.config.n_routed_experts)
             loaded.add(load_tensor(params, expert_mapping, draft_name, tensor, type(self).__name__))
@@ -225,6 +228,7 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
             if not n.startswith(("model.embed_tokens.", "lm_head."))
         }
         missing = sorted(n for n in need if n not in loaded and not n.startswith("model.decoder.mlp.experts."))
+        missing += experts.missing()
         if missing:
             raise ValueError(
                 f"the checkpoint has no MTP layer tensors for {missing[:8]} (expected under "

@@ -121,6 +121,35 @@ def dequantized_weight(linear: nn.Module) -> torch.Tensor:
     return block_quant_dequant(weight.data, scale.data, block, torch.get_default_dtype())
 
 
+_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.(experts\.\d+|shared_experts)\.(gate|up|down)_proj\.(\w+)$")
+
+
+class ExpertInventory:
+    """Every MoE layer's experts, counted by checkpoint name: SGLang stacks a layer's experts into one
+    parameter, so a parameter counted as loaded says nothing of a missing expert (or of a fused shared
+    expert), which would serve uninitialised weights."""
+
+    def __init__(self, config):
+        self.experts = [f"experts.{e}" for e in range(config.n_routed_experts)]
+        self.experts += ["shared_experts"] * bool(getattr(config, "n_shared_experts", 0))
+        self.seen: dict[int, set[tuple[str, str, str]]] = {}
+
+    def see(self, name: str) -> None:
+        match = _EXPERT.match(name)
+        if match:
+            layer, expert, proj, tensor = match.groups()
+            self.seen.setdefault(int(layer), set()).add((expert, proj, tensor))
+
+    def missing(self) -> list[str]:
+        """Expert tensors absent from a layer that has others (each tensor kind it has, for every expert)."""
+        out = []
+        for layer, seen in sorted(self.seen.items()):
+            for tensor in sorted({t for _, _, t in seen}):
+                out += [f"model.layers.{layer}.mlp.{expert}.{proj}_proj.{tensor}" for expert in self.experts
+                        for proj in ("gate", "up", "down") if (expert, proj, tensor) not in seen]
+        return out
+
+
 # FP8 KV-cache scales of SGLang's RadixAttention: a checkpoint may carry them, else SGLang uses 1.0.
 _OPTIONAL = (".attn.k_scale", ".attn.v_scale")
 # Tensors outside the decoder layers, and the module that holds each (absent on some PP stages).
@@ -139,6 +168,7 @@ class CheckpointAccounting:
         self.skipped_indexer = {"tensors": 0, "bytes": 0, "layers": set()}
         self.skipped_mtp = 0
         self.other_stages = 0
+        self.experts = ExpertInventory(config)
 
     def admit(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether the target model loads `name`; skipped tensors are counted."""
@@ -169,6 +199,7 @@ class CheckpointAccounting:
             self.skipped_indexer["bytes"] += tensor.numel() * tensor.element_size()
             self.skipped_indexer["layers"].add(layer)
             return False
+        self.experts.see(name)
         return True
 
     def finish(self, params: dict) -> None:
@@ -185,7 +216,7 @@ class CheckpointAccounting:
             )
         # any other parameter left at its initial values would serve garbage (an unloaded FP8 block
         # scale stays at float32's minimum)
-        other = [name for name in unloaded if not name.endswith(_OPTIONAL)]
+        other = [name for name in unloaded if not name.endswith(_OPTIONAL)] + self.experts.missing()
         if other:
             layers = sorted({int(m.group(1)) for m in map(_LAYER.match, other) if m})
             raise CheckpointError(
