@@ -143,3 +143,27 @@ def test_second_mtp_layer_fails(tmp_path):
     log = failed_launch(ckpt, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
                         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
     assert "num_nextn_predict_layers = 2: the MTP draft serves GLM-5's one MTP layer" in log, log[-3000:]
+
+
+def test_expert_inventory_checks_each_group_on_its_own_terms():
+    """Routed experts must all carry what any of them carries (FP8 scales); a shared expert kept in
+    BF16 beside FP8 routed experts is complete; a layer's missing shared expert is named (fused, no
+    parameter of its own would show it)."""
+    from types import SimpleNamespace
+
+    from sglang_glm.models.weights import ExpertInventory
+
+    inv = ExpertInventory(SimpleNamespace(n_routed_experts=2, n_shared_experts=1))
+    for proj in ("gate", "up", "down"):
+        for expert in ("experts.0", "experts.1"):
+            for kind in ("weight", "weight_scale_inv"):
+                if (expert, proj, kind) != ("experts.1", "down", "weight_scale_inv"):
+                    inv.see(f"model.layers.3.mlp.{expert}.{proj}_proj.{kind}")
+        inv.see(f"model.layers.3.mlp.shared_experts.{proj}_proj.weight")
+        inv.see(f"model.layers.4.mlp.experts.0.{proj}_proj.weight")
+        inv.see(f"model.layers.4.mlp.experts.1.{proj}_proj.weight")
+    inv.see("model.layers.3.mlp.gate.e_score_correction_bias")
+    assert inv.missing() == [
+        "model.layers.3.mlp.experts.1.down_proj.weight_scale_inv",
+        *(f"model.layers.4.mlp.shared_experts.{proj}_proj.weight" for proj in ("gate", "up", "down")),
+    ]

@@ -130,8 +130,9 @@ class ExpertInventory:
     expert), which would serve uninitialised weights."""
 
     def __init__(self, config):
-        self.experts = [f"experts.{e}" for e in range(config.n_routed_experts)]
-        self.experts += ["shared_experts"] * bool(getattr(config, "n_shared_experts", 0))
+        self.groups = [{f"experts.{e}" for e in range(config.n_routed_experts)}]  # the routed experts
+        if getattr(config, "n_shared_experts", 0):
+            self.groups.append({"shared_experts"})  # its own group: a quantization may keep it in BF16
         self.seen: dict[int, set[tuple[str, str, str]]] = {}
 
     def see(self, name: str) -> None:
@@ -141,12 +142,15 @@ class ExpertInventory:
             self.seen.setdefault(int(layer), set()).add((expert, proj, tensor))
 
     def missing(self) -> list[str]:
-        """Expert tensors absent from a layer that has others (each tensor kind it has, for every expert)."""
+        """In every layer with experts: each expert's gate/up/down weight, and each other tensor kind
+        (FP8 scales) that its group's other experts carry."""
         out = []
         for layer, seen in sorted(self.seen.items()):
-            for tensor in sorted({t for _, _, t in seen}):
-                out += [f"model.layers.{layer}.mlp.{expert}.{proj}_proj.{tensor}" for expert in self.experts
-                        for proj in ("gate", "up", "down") if (expert, proj, tensor) not in seen]
+            for group in self.groups:
+                kinds = {t for e, _, t in seen if e in group} | {"weight"}
+                out += [f"model.layers.{layer}.mlp.{expert}.{proj}_proj.{kind}" for expert in sorted(group)
+                        for proj in ("gate", "up", "down") for kind in sorted(kinds)
+                        if (expert, proj, kind) not in seen]
         return out
 
 
