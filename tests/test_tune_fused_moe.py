@@ -16,9 +16,11 @@ def test_glm52_expert_shapes_per_rank(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "benchmarks/serving/gpu/make_glm52_shaped.py"), str(tmp_path / "m")],
                    check=True, capture_output=True)
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert tune.expert_shapes(cfg, 1) == (256, 2048, 6144, 8)  # the file SGLang looked up and lacked
-    assert tune.expert_shapes(cfg, 8) == (256, 256, 6144, 8)
-    assert tune.expert_shapes(cfg, 1, experts=64) == (64, 2048, 6144, 8)  # the deep proxy's
+    # SGLang fuses the shared expert into the kernel: expert 256, in every token's top-k
+    assert tune.expert_shapes(cfg, 1) == (257, 2048, 6144, 9)
+    assert tune.expert_shapes(cfg, 8) == (257, 256, 6144, 9)
+    assert tune.expert_shapes(cfg, 1, fused=False) == (256, 2048, 6144, 8)  # --disable-shared-experts-fusion
+    assert tune.expert_shapes(cfg, 1, experts=64) == (64, 2048, 6144, 8)  # the deep proxy's: not fused
 
 
 def test_candidates_fit_the_batch():
@@ -43,6 +45,9 @@ def test_quantized_experts_and_their_reference():
     assert torch.equal(d[128:256, 128:256], w2[1, 128:256, 128:256].float() * s2[1, 1, 1])
     x, weights, ids = tune.routed_tokens(5, 3, 384, 2, device="cpu")
     assert ids.shape == (5, 2) and all(len(set(r)) == 2 for r in ids.tolist())
+    _, fused_weights, fused_ids = tune.routed_tokens(5, 4, 384, 3, shared=1, device="cpu")
+    assert (fused_ids[:, -1] == 3).all() and (fused_ids[:, :-1] < 3).all() and (fused_weights[:, -1] == 1).all()
+    assert all(len(set(r)) == 3 for r in fused_ids.tolist())
     # one token, one expert at weight 1: the reference is down(silu(gate) * up)
     ref = tune.reference(x[:1], torch.ones(1, 1), ids[:1, :1], w1, s1, w2, s2)
     h = tune.dequantized(w1, s1, int(ids[0, 0])) @ x[0].float()

@@ -4,7 +4,8 @@ GLM-5.2's routed experts on this GPU, and write the winners where the plugin shi
 GLM-DSA servers).
 
 SGLang 0.5.23 ships H200 files for other models' (E, N) only; the GLM-5.2-shaped model on one GPU
-(E = 256, N = 2048) runs its one default launch (64-row token tiles, 128-wide weight tiles, 3 stages)
+(E = 257: its 256 routed experts and the shared one, which SGLang fuses into the kernel; N = 2048) runs its
+one default launch (64-row token tiles, 128-wide weight tiles, 3 stages)
 at every batch, and SGLang turns on its SM90 swapped-operand path only for tiles under 64 rows
 (`should_enable_swap_ab`). The experts are most of what an MTP round costs there (session 15's round
 profile: `fused_moe_kernel` 1.79 of 9.14 ms at batch 1, 16.6 of 26.8 ms at batch 32, where the verify's
@@ -36,11 +37,19 @@ SHIPPED = HERE.parents[1] / "sglang_glm" / "moe_configs"
 BLOCK = 128  # the checkpoints' weight block (weight_block_size)
 
 
-def expert_shapes(cfg: dict, tp: int, experts: int | None = None) -> tuple[int, int, int, int]:
-    """(E, N, K, top-k) of the routed experts per rank, as SGLang names its files: E experts, N the
-    intermediate width per rank (w2's last dim), K the hidden size. Tensor parallel splits N."""
-    return (experts or cfg["n_routed_experts"], cfg["moe_intermediate_size"] // tp, cfg["hidden_size"],
-            cfg["num_experts_per_tok"])
+def fuses_shared_expert(cfg: dict, experts: int | None = None) -> bool:
+    """Whether SGLang runs the shared expert inside this fused MoE on CUDA without expert parallelism: its
+    rule for GLM-DSA, one shared expert beside 256 or 384 routed ones (sglang_glm's SharedExpertFusion)."""
+    return cfg.get("n_shared_experts") == 1 and (experts or cfg["n_routed_experts"]) in (256, 384)
+
+
+def expert_shapes(cfg: dict, tp: int, experts: int | None = None, fused: bool | None = None) -> tuple[int, int, int, int]:
+    """(E, N, K, top-k) of the fused MoE per rank, as SGLang names its files: E experts (a fused shared
+    expert is the last, in every token's top-k; `fused` None: as SGLang decides), N the intermediate width
+    per rank (w2's last dim), K the hidden size. Tensor parallel splits N."""
+    shared = int(fuses_shared_expert(cfg, experts) if fused is None else fused)
+    return ((experts or cfg["n_routed_experts"]) + shared, cfg["moe_intermediate_size"] // tp, cfg["hidden_size"],
+            cfg["num_experts_per_tok"] + shared)
 
 
 def candidates(M: int) -> list[dict]:
@@ -91,14 +100,18 @@ def dequantized(w8, s, e: int):
     return w8[e].float() * s[e].repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
 
 
-def routed_tokens(M: int, E: int, K: int, topk: int, device: str = "cuda", seed: int = 0):
-    """Hidden states [M, K] (bf16), router weights [M, topk] and distinct expert ids per token."""
+def routed_tokens(M: int, E: int, K: int, topk: int, shared: int = 0, device: str = "cuda", seed: int = 0):
+    """Hidden states [M, K] (bf16), router weights [M, topk] and distinct expert ids per token; with a fused
+    shared expert (shared = 1) every token's last id is expert E - 1, at weight 1."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed + M)
     x = torch.randn(M, K, device=device, generator=gen).to(torch.bfloat16)
-    ids = torch.rand(M, E, device=device, generator=gen).topk(topk, dim=-1).indices.to(torch.int32)
-    weights = torch.rand(M, topk, device=device, generator=gen).softmax(-1)
+    ids = torch.rand(M, E - shared, device=device, generator=gen).topk(topk - shared, dim=-1).indices.to(torch.int32)
+    weights = torch.rand(M, topk - shared, device=device, generator=gen).softmax(-1)
+    if shared:
+        ids = torch.cat([ids, torch.full((M, 1), E - 1, device=device, dtype=torch.int32)], dim=1)
+        weights = torch.cat([weights, torch.ones(M, 1, device=device)], dim=1)
     return x, weights, ids
 
 
@@ -156,6 +169,8 @@ def main() -> None:
     ap.add_argument("--config", type=Path, required=True, help="the model's config.json")
     ap.add_argument("--tp", default="1", help="comma list of tensor-parallel sizes")
     ap.add_argument("--experts", type=int, default=None, help="routed experts a layer (default: the config's)")
+    ap.add_argument("--unfused", action="store_true", help="the shared expert apart, as a server started with "
+                    "--disable-shared-experts-fusion runs it (default: fused where SGLang fuses it)")
     ap.add_argument("--m", default="1,4,8,16,32,64,128", help="comma list of batch sizes (tokens); SGLang "
                     "takes the nearest")
     ap.add_argument("--anchors", default="256,1024,4096", help="batches written with SGLang's own launch where "
@@ -180,7 +195,8 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     results, t0 = [], time.time()
     for tp in map(int, args.tp.split(",")):
-        E, N, K, topk = expert_shapes(cfg, tp, args.experts)
+        E, N, K, topk = expert_shapes(cfg, tp, args.experts, False if args.unfused else None)
+        shared = topk - cfg["num_experts_per_tok"]
         w1, s1, w2, s2 = quantized_experts(E, N, K)
         path = args.out_configs / get_config_file_name(E, N, "fp8_w8a8", [BLOCK, BLOCK])
 
@@ -194,7 +210,7 @@ def main() -> None:
             if time.time() - t0 > args.deadline_s:
                 print(f"E={E} N={N} M={M}: skipped, past the deadline", flush=True)
                 continue
-            x, weights, ids = routed_tokens(M, E, K, topk)
+            x, weights, ids = routed_tokens(M, E, K, topk, shared)
             experts = w1, s1, w2, s2
 
             def run(launch):
