@@ -167,3 +167,37 @@ def test_expert_inventory_checks_each_group_on_its_own_terms():
         "model.layers.3.mlp.experts.1.down_proj.weight_scale_inv",
         *(f"model.layers.4.mlp.shared_experts.{proj}_proj.weight" for proj in ("gate", "up", "down")),
     ]
+
+
+RULE = """
+from types import SimpleNamespace
+from sglang_glm.cpu_compat import activate; activate()
+from sglang.srt.runtime_context import get_context
+from sglang.srt.server_args import ServerArgs
+get_context().set_server_args(ServerArgs(model_path="rule", device="cpu"))
+from sglang_glm.models.glm_dsa import GlmMoeDsaForCausalLM
+from sglang_glm.models.glm_dsa_nextn import GlmMoeDsaForCausalLMNextN
+for cls in (GlmMoeDsaForCausalLM, GlmMoeDsaForCausalLMNextN):
+    for routed in (256, 8):
+        config = SimpleNamespace(architectures=[cls.__name__], n_routed_experts=routed, n_shared_experts=1)
+        print(cls.__name__, routed, cls.shared_experts_fusion_disable_reason(config, None))
+"""
+
+
+def test_sglangs_fusion_rule_reaches_both_classes():
+    """SGLang's loader asks each class whether to fuse the shared expert: GLM-5.2's experts (256 routed,
+    one shared) under the name SGLang gives each model pass its config gate, and only this machine's
+    platform (no CUDA) stops the fusion; 8 routed experts do not pass. A class whose architecture name
+    SGLang did not match would never fuse on a GPU, silently."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", RULE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reasons = {}
+    for line in out.stdout.strip().splitlines():
+        cls, routed, reason = line.split(" ", 2)
+        reasons[cls, int(routed)] = reason
+    for cls in ("GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN"):
+        assert reasons[cls, 256].startswith("Only Deepseek V3/R1 on NV-platform with capability >= 80"), reasons
+        assert reasons[cls, 8] == "Config does not support fused shared expert(s).", reasons
