@@ -122,6 +122,27 @@ def test_missing_tensors_fail(tmp_path, dropped):
     assert "the checkpoint lacks 1 tensors this model needs" in log and dropped in log, log[-3000:]
 
 
+EAGLE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "2")
+
+
+@pytest.mark.parametrize("dropped, message", [
+    ("model.layers.4.", "the checkpoint has no MTP layer (no tensors under model.layers.4.*"),
+    ("model.layers.4.mlp.experts.1.up_proj.weight", "the checkpoint's MTP layer (model.layers.4.*) lacks 1 tensors"),
+], ids=["whole_layer", "one_expert"])
+def test_mtp_layer_missing_tensors_fails(tmp_path, dropped, message):
+    """With MTP on, the draft loads the MTP layer: a checkpoint without it, or with one expert tensor missing
+    (stacked into a parameter that other experts fill), stops start-up naming what is missing."""
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors = {k: v for k, v in tensors.items() if not k.startswith(dropped)}
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    log = failed_launch(ckpt, *EAGLE)
+    assert message in log, log[-3000:]
+    if dropped.endswith(".weight"):
+        assert dropped in log
+
+
 def test_dummy_load_format_serves_target_and_mtp(tmp_path):
     """`--load-format dummy` (SGLang's benchmarking loader) skips load_weights; the models'
     post_load_weights must still absorb kv_b_proj, for the target and for the MTP draft."""
@@ -140,8 +161,7 @@ def test_second_mtp_layer_fails(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt")
     config = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps(config | {"num_nextn_predict_layers": 2}))
-    log = failed_launch(ckpt, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
-                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2")
+    log = failed_launch(ckpt, *EAGLE)
     assert "num_nextn_predict_layers = 2: the MTP draft serves GLM-5's one MTP layer" in log, log[-3000:]
 
 

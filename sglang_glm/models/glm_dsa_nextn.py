@@ -223,17 +223,19 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
             if self.fused_shared_experts:
                 draft_name = fused_shared_expert_name(draft_name, self.config.n_routed_experts)
             loaded.add(load_tensor(params, expert_mapping, draft_name, tensor, type(self).__name__))
-        need = {
-            n for n in params
-            if not n.startswith(("model.embed_tokens.", "lm_head."))
-        }
-        missing = sorted(n for n in need if n not in loaded and not n.startswith("model.decoder.mlp.experts."))
-        missing += experts.missing()
+        # the embedding and lm head are the target's (set_embed_and_head)
+        need = {n for n in params if not n.startswith(("model.embed_tokens.", "lm_head."))}
+        missing = sorted(n for n in need if n not in loaded) + experts.missing()
+        if not loaded:
+            raise ValueError(
+                f"the checkpoint has no MTP layer (no tensors under model.layers.{self.config.num_hidden_layers}.*, "
+                "although its config.json says num_nextn_predict_layers: 1); speculative decoding with EAGLE/NEXTN "
+                "needs a checkpoint with its MTP layer: use one, or serve without --speculative-algorithm"
+            )
         if missing:
             raise ValueError(
-                f"the checkpoint has no MTP layer tensors for {missing[:8]} (expected under "
-                f"model.layers.{self.config.num_hidden_layers}.*); speculative decoding with "
-                "EAGLE/NEXTN needs a checkpoint with its MTP layer (num_nextn_predict_layers: 1)"
+                f"the checkpoint's MTP layer (model.layers.{self.config.num_hidden_layers}.*) lacks {len(missing)} "
+                f"tensors the draft needs, e.g. {missing[:8]}; use the complete checkpoint"
             )
         self.post_load_weights()
 
