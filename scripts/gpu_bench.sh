@@ -28,7 +28,9 @@
 #                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
 # peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
 #                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ...",
-#                     PEER_PROFILE_STACK=1: Python stacks on, each kernel's launching line named]
+#                     PEER_PROFILE_STACK=1: Python stacks on, each kernel's launching line named;
+#                     PEER_PROFILE_PHASE=decode: 8 decode steps at PEER_PROFILE_BATCH (1) x 4K context instead;
+#                     PEER_PROFILE_CONFIG: bench_gpu's config, e.g. fp8_kv]
 # glue         30,31  bench_mla_glue: RoPE + the absorbed query, and the output projection, around sparse MLA,
 #                     each way (the plugin's, its earlier ones, SGLang's in-place rotary + concat kernel) on the
 #                     same inputs; then profile_decode, G: plain decode b1 at 4K, eager with Python stacks (a
@@ -106,13 +108,16 @@ plugin_flashmla() {
   python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_flashmla \
     ../../.. ../../../.gpu/peer/sgl_flash_mla-*.whl
 }
+# G, in every mode: GLM52_LAYERS / GLM52_EXPERTS make it shallower or narrower (an 80 GB card holds the 8-layer
+# model beside its MTP draft only at 6 layers)
+make_g() { python3 make_glm52_shaped.py /tmp/glm52 --layers "${GLM52_LAYERS:-8}" ${GLM52_EXPERTS:+--experts $GLM52_EXPERTS}; }
 case "$1" in
   shapes)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     limit "${BENCH_TIMEOUT:-540}" python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" \
       --repeats "${REPEATS:-2}" ${SHAPES_CONFIGS:+--configs $SHAPES_CONFIGS} 2>&1 | tee "$WORK/bench_mtp.log" ;;
   rounds)
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    make_g > /dev/null
     P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --context 4096 --steps 8 --no-stack"
     { limit 200 $P --config eagle_3_4 --batch 1 32
       limit 170 $P --config indexcache --batch 1 32
@@ -126,7 +131,7 @@ case "$1" in
       limit 110 $P --batch 1 --steps 8 --label eagle_3_4_overlap_stack; } 2>&1 | tee "$WORK/profile.log" ;;
   peer)
     peer_site || exit 1
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    make_g > /dev/null
     # PEER_FLASHMLA=1 (default): the plugin side is the plugin with FlashMLA on its path (as
     # `pip install sglang-glm[sglang]` brings the wheel), served as a copy: CONFIG@flashmla;
     # PEER_FLASHMLA=both: that copy and the plugin on Triton, each against SGLang's path (three servers a row)
@@ -160,10 +165,15 @@ case "$1" in
     done
     peer_site || exit 1
     plugin_flashmla || exit 1
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
-    ctx=${PEER_PROFILE_CONTEXT:-32768}
+    make_g > /dev/null
     stack=--no-stack; [ "${PEER_PROFILE_STACK:-0}" = 1 ] && stack=
-    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 )) $stack"
+    P="python3 profile_decode.py --model /tmp/glm52 --out $WORK --config ${PEER_PROFILE_CONFIG:-indexcache} $stack"
+    case ${PEER_PROFILE_PHASE:-prefill} in
+      prefill) ctx=${PEER_PROFILE_CONTEXT:-32768}
+               P="$P --prefill --batch 1 --context $ctx --steps $(( (ctx + 16383) / 16384 ))" ;;
+      decode)  P="$P --batch ${PEER_PROFILE_BATCH:-1} --context ${PEER_PROFILE_CONTEXT:-4096} --steps 8" ;;
+      *) echo "PEER_PROFILE_PHASE: prefill or decode" >&2; exit 2 ;;
+    esac
     for side in $sides; do
       case $side in
         sglang) limit 200 $P --peer-site /tmp/site_peer --label sglang ;;
@@ -178,7 +188,7 @@ case "$1" in
     { python3 ../../kernels/bench_host_metadata.py --out "$WORK/host_metadata_after.json"
       PYTHONPATH=/tmp/plugin_before:$PYTHONPATH python3 ../../kernels/bench_host_metadata.py \
         --out "$WORK/host_metadata_before.json"
-      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      make_g > /dev/null
       limit "${BENCH_TIMEOUT:-480}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-480} - 10)) --plugin before=/tmp/plugin_before \
         $(for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do echo --run $c@before:decode_b1,decode_b32 \
@@ -189,7 +199,7 @@ case "$1" in
     { python3 ../../kernels/compare_versions.py --pkg before=/tmp/plugin_before/glm_dsa_kernels \
         --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
         --out "$WORK/compare_topk.json"
-      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      make_g > /dev/null
       limit "${BENCH_TIMEOUT:-420}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-420} - 10)) --plugin before=/tmp/plugin_before \
         --run indexcache@before:decode_b1,decode_b8 --run indexcache:decode_b1,decode_b8; } 2>&1 | tee "$WORK/topk.log" ;;
@@ -197,7 +207,7 @@ case "$1" in
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     { limit 320 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 3 \
         --plain prefill_graphs --headline eagle_3_4_prefill_graphs --configs eagle_3_4_prefill_graphs indexcache eagle_3_4
-      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      make_g > /dev/null
       limit 200 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 190 \
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
@@ -210,8 +220,7 @@ case "$1" in
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   tokenmap)
-    python3 make_glm52_shaped.py /tmp/glm52 --layers "${GLM52_LAYERS:-8}" ${GLM52_EXPERTS:+--experts $GLM52_EXPERTS} \
-      | tee "$WORK/tokenmap.log"
+    make_g | tee "$WORK/tokenmap.log"
     W=${TOKENMAP_WORKLOADS:-decode_b1,decode_b32}
     limit 500 python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
       $(for c in ${TOKENMAP_CONFIGS:-indexcache eagle_3_4 eagle_3_4_token_map}; do echo --run "$c:$W"; done) \
@@ -226,7 +235,7 @@ case "$1" in
     { [ "${FLASHMLA_KERNELS:-1}" = 1 ] && PYTHONPATH=/tmp/plugin_flashmla:/tmp/site_dg:$PYTHONPATH limit 210 \
         python3 ../../kernels/bench_kernels.py --out-dir "$WORK/kernels" \
         --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
-      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      make_g > /dev/null
       limit "${BENCH_TIMEOUT:-400}" python3 bench_gpu.py --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
         $(for r in ${FLASHMLA_RUNS:-indexcache:prefill_32k,decode_b32}; do
@@ -244,7 +253,7 @@ case "$1" in
       tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1,decode_b32"
       tuner="../../kernels/tune_fused_moe.py --tp ${MOE_TP:-1} --m ${MOE_M:-1,4,32,128,8,16,64}"
     fi
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    make_g > /dev/null
     mkdir -p "$WORK/$dir" && cp ../../../sglang_glm/$dir/*.json "$WORK/$dir/" 2>/dev/null
     # GEMM_TUNE=0 / MOE_TUNE=0: serve the tree's shipped configs without tuning; SERVE=0: tune only.
     # The mode exits with the worst status of its steps; with no config files it serves nothing.
@@ -271,14 +280,14 @@ case "$1" in
     exit "$(cut -d' ' -f2 "$WORK/$kind.status")" ;;
   glue)
     { limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_mla_glue.py --out "$WORK/mla_glue.json"; pack
-      python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+      make_g > /dev/null
       limit 200 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --config indexcache --batch 1 \
         --context 4096 --steps 8 --eager --label decode_eager_stack; } 2>&1 | tee "$WORK/glue.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
   cold)
-    python3 make_glm52_shaped.py /tmp/glm52 > /dev/null
+    make_g > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
   *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|glue|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
