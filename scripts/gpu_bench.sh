@@ -23,8 +23,9 @@
 #                     results.jsonl): PEER_RUNS=
 #                       "indexcache:decode_b1,decode_b8,decode_b32,decode_b64,prefill_4k,prefill_32k"
 #                       "indexcache:decode_32k_b1,decode_32k_b8,decode_32k_b32,decode_32k_b64,prefill_128k"
+#                       (an 80 GB card pools ~320K tokens: at 32K context batch 8 at most)
 #                       "fp8_kv:decode_b1,decode_b32,decode_32k_b1,prefill_32k"
-#                       "eagle_3_4:decode_b1,decode_b8,decode_b32"
+#                       "eagle_3_4:decode_b1,decode_b8,decode_b32"   (an 80 GB card: GLM52_LAYERS=6, session 31)
 #                       "all_full:prefill_32k,prefill_128k,decode_32k_b1"
 # peer_profile 30     profile_decode --prefill, G: a 32K prefill by kernel family on SGLang's own path, the plugin,
 #                     and the plugin with FlashMLA on [PEER_PROFILE_CONTEXT, PEER_PROFILE_SIDES="plugin ...",
