@@ -37,7 +37,7 @@ def ckpt_all_full(tmp_path_factory):
 def ckpt_fp8_all_full(tmp_path_factory):
     return make_tiny_checkpoint(
         tmp_path_factory.mktemp("fp8"),
-        config_overrides={"indexer_types": ["full"] * 4},
+        config_overrides={"indexer_types": ["full"] * 4, "q_lora_rank": 128},  # q_a's rows fill whole blocks
         fp8=True,
         seed=5,
     )
@@ -51,7 +51,7 @@ def test_shared_layers_own_no_indexer_and_no_index_cache(ckpt_all_full, capfd):
     ) as llm:
         assert llm.get_weights_by_name("model.layers.2.self_attn.indexer.wq_b.weight") is None
         assert llm.get_weights_by_name("model.layers.1.self_attn.indexer.wq_b.weight") is not None
-        assert llm.get_weights_by_name("model.layers.2.self_attn.q_a_proj.weight") is not None
+        assert llm.get_weights_by_name("model.layers.2.self_attn.fused_qkv_a_proj_with_mqa.weight") is not None
     log = capfd.readouterr()
     log = log.out + log.err
     assert f"IndexCache plan (override index_topk_pattern): {PLAN}" in log
@@ -86,6 +86,14 @@ def test_fp8_checkpoint_accounting_and_dequantized_twin(ckpt_fp8_all_full, tmp_p
         assert greedy(llm, PROMPTS, 10) == want
 
 
+def test_fp8_blocks_that_q_a_and_kv_a_cannot_share_fail(tmp_path):
+    """q_a_proj and kv_a_proj_with_mqa run as one block-quantized GEMM: with q_lora_rank off the block
+    grid their scales cannot stack, and start-up says so instead of serving misaligned scales."""
+    ckpt = make_tiny_checkpoint(tmp_path / "fp8", config_overrides={"q_lora_rank": 64}, fp8=True, mtp=False)
+    log = failed_launch(ckpt, "--dtype", "bfloat16")
+    assert "q_lora_rank = 64 with weight_block_size [128, 128]" in log, log[-3000:]
+
+
 def test_full_layer_missing_indexer_tensors_fails(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", config_overrides={"index_topk_pattern": PLAN})
     log = failed_launch(ckpt, "--json-model-override-args", '{"index_topk_pattern": "FFFF"}')
@@ -109,7 +117,8 @@ def test_unknown_tensors_fail(tmp_path, extra, message):
     assert extra in log and message in log
 
 
-@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_a_proj.weight", "lm_head.weight",
+@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.q_a_proj.weight",  # kv_a's rows wait for it
+                                     "model.layers.3.self_attn.kv_a_proj_with_mqa.weight", "lm_head.weight",
                                      "model.layers.2.mlp.experts.3.down_proj.weight"])
 def test_missing_tensors_fail(tmp_path, dropped):
     """A parameter the checkpoint does not fill would serve its initial values; loading stops instead.

@@ -21,9 +21,19 @@ def test_glm52_linear_shapes_per_rank(tmp_path):
     one, eight = tune.linear_shapes(cfg, 1), tune.linear_shapes(cfg, 8)
     assert one["q_b_proj"] == (64 * 256, 2048) and eight["q_b_proj"] == (64 * 256 // 8, 2048)
     assert one["o_proj"] == (6144, 64 * 256) and eight["o_proj"] == (6144, 2048)
-    assert one["kv_a_proj_with_mqa"] == eight["kv_a_proj_with_mqa"] == (576, 6144)  # replicated
+    # q_a and kv_a: one replicated GEMM
+    assert one["fused_qkv_a_proj_with_mqa"] == eight["fused_qkv_a_proj_with_mqa"] == (2048 + 576, 6144)
     assert one["dense gate_up"] == (2 * 12288, 6144) and eight["shared expert down"] == (6144, 2048 // 8)
     assert all(k % tune.BLOCK == 0 for _, k in [*one.values(), *eight.values()])
+
+
+def test_the_shipped_configs_are_the_served_shapes(tmp_path):
+    """One H200 file per block-FP8 linear the model builds at TP 1 (q_a and kv_a as their one fused GEMM),
+    none for a shape it no longer runs."""
+    from sglang_glm.hooks import gemm
+
+    shipped = {tuple(int(f.split("=")[1]) for f in p.name.split(",")[:2]) for p in gemm.TUNED.glob("*NVIDIA_H200*.json")}
+    assert shipped == set(tune.linear_shapes(glm52_config(tmp_path), 1).values())
 
 
 def test_candidates_split_only_what_k_has_and_swap_only_small_batches():

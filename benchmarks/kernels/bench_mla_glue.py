@@ -1,7 +1,7 @@
 """The absorbed-MLA glue around sparse attention, way by way (issue 30: the 32K prefill gap).
 
 Per layer, `GlmDsaAttention` rotates the key's rope columns k_pe [T, 1, 64] (a view into
-kv_a_proj's output), turns q_nope [T, H, 192] (a view into q_b_proj's output) into the latent query
+the fused q_a + kv_a projection's output), turns q_nope [T, H, 192] (a view into q_b_proj's output) into the latent query
 with w_kc [H, 192, 512] and sets q_pe [T, H, 64], rotated, beside it: the [T, H, 576] query sparse
 MLA reads (`absorbed_query_and_key`, which returns the rotated key too). After attention, out
 [T, H, 512] goes through w_vc [H, 512, 256] into o_proj's input [T, H * 256] (`heads_output`).
@@ -44,7 +44,7 @@ import torch
 
 from sglang_glm.models.attention import _rope, absorbed_query_and_key, heads_output
 
-HEADS, NOPE, ROPE, LATENT, V = 64, 192, 64, 512, 256
+HEADS, NOPE, ROPE, LATENT, V, Q_LORA = 64, 192, 64, 512, 256, 2048
 ROWS = (16384, 4096, 128, 32, 1)
 GLM52 = SimpleNamespace(rope_parameters={"rope_theta": 8e6, "rope_type": "default"}, max_position_embeddings=202752)
 
@@ -101,15 +101,16 @@ def output_ways() -> dict:
 
 def inputs(rows: int, device, dtype=torch.bfloat16, seed: int = 0) -> dict:
     """The tensors as the model hands them over: q_nope and q_pe views into q_b_proj's [T, H, 256]
-    output, k_pe a view into kv_a_proj's [T, 576], the attention's output [T, H, 512]."""
+    output, k_pe a view into the fused q_a + kv_a projection's [T, 2048 + 576], the attention's output
+    [T, H, 512]."""
     g = torch.Generator(device="cpu").manual_seed(seed)
 
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
 
-    q, latent = rand(rows, HEADS, NOPE + ROPE), rand(rows, LATENT + ROPE)
+    q, qkv_a = rand(rows, HEADS, NOPE + ROPE), rand(rows, Q_LORA + LATENT + ROPE)
     return {
-        "q_nope": q[..., :NOPE], "q_pe": q[..., NOPE:], "k_pe": latent[:, None, LATENT:],
+        "q_nope": q[..., :NOPE], "q_pe": q[..., NOPE:], "k_pe": qkv_a[:, None, Q_LORA + LATENT:],
         "positions": torch.randint(0, 32768, (rows,), generator=g).to(device),
         "w_kc": rand(HEADS, NOPE, LATENT, scale=NOPE**-0.5),
         "out": rand(rows, HEADS, LATENT),

@@ -43,8 +43,7 @@ def linear_shapes(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     inter, moe = cfg["intermediate_size"], cfg["moe_intermediate_size"] * cfg.get("n_shared_experts", 1)
     return {
-        "q_a_proj": (cfg["q_lora_rank"], h),
-        "kv_a_proj_with_mqa": (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h),
+        "fused_qkv_a_proj_with_mqa": (cfg["q_lora_rank"] + cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], h),
         "q_b_proj": (heads * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) // tp, cfg["q_lora_rank"]),
         "o_proj": (h, heads * cfg["v_head_dim"] // tp),
         "indexer.wq_b": (cfg["index_n_heads"] * cfg["index_head_dim"], cfg["q_lora_rank"]),

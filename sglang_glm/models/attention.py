@@ -159,6 +159,18 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
     return GlmDsaIndexer(config, settings.index_topk, layer_id, quant_config, prefix)
 
 
+def check_fusable_a_proj(q_lora_rank: int, quant_config: Optional[QuantizationConfig]) -> None:
+    """q_a_proj's rows sit above kv_a's in one block-quantized weight: each block of 128 rows has one
+    scale, so q_a's rows must fill whole blocks for the two checkpoints' scales to stack."""
+    block = getattr(quant_config, "weight_block_size", None)
+    if block and q_lora_rank % block[0]:
+        raise ValueError(
+            f"q_lora_rank = {q_lora_rank} with weight_block_size {list(block)}: q_a_proj and "
+            f"kv_a_proj_with_mqa run as one block-quantized GEMM, which needs q_lora_rank to be a multiple of "
+            f"{block[0]} (GLM-5's is 2048); quantize the checkpoint with a block size that divides it"
+        )
+
+
 def absorbed_query_and_key(
     q_nope: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor, w_kc: torch.Tensor, rotary: RotaryEmbedding,
     positions: torch.Tensor,
@@ -197,19 +209,19 @@ class GlmDsaAttention(nn.Module):
         self.qk_rope_head_dim = config.qk_rope_head_dim
         self.v_head_dim = config.v_head_dim
         self.kv_lora_rank = config.kv_lora_rank
+        self.q_lora_rank = config.q_lora_rank
         qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-        self.q_a_proj = ReplicatedLinear(
-            config.hidden_size, config.q_lora_rank, bias=False,
-            quant_config=quant_config, prefix=add_prefix("q_a_proj", prefix),
+        # q_a_proj and kv_a_proj_with_mqa read the same hidden state: one GEMM and one input quantization
+        # for both, as in SGLang's own DeepSeek/GLM classes (load_weights concatenates their rows)
+        check_fusable_a_proj(config.q_lora_rank, quant_config)
+        self.fused_qkv_a_proj_with_mqa = ReplicatedLinear(
+            config.hidden_size, config.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim, bias=False,
+            quant_config=quant_config, prefix=add_prefix("fused_qkv_a_proj_with_mqa", prefix),
         )
         self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.rms_norm_eps)
         self.q_b_proj = ColumnParallelLinear(
             config.q_lora_rank, config.num_attention_heads * qk_head_dim, bias=False,
             quant_config=quant_config, prefix=add_prefix("q_b_proj", prefix),
-        )
-        self.kv_a_proj_with_mqa = ReplicatedLinear(
-            config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim, bias=False,
-            quant_config=quant_config, prefix=add_prefix("kv_a_proj_with_mqa", prefix),
         )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=config.rms_norm_eps)
         self.kv_b_proj = ColumnParallelLinear(
@@ -258,14 +270,14 @@ class GlmDsaAttention(nn.Module):
         topk_buffer: TopkBuffer,
         run_indexer: bool,
     ) -> torch.Tensor:
-        q_lora, _ = self.q_a_proj(hidden_states)
+        qkv_a, _ = self.fused_qkv_a_proj_with_mqa(hidden_states)
+        q_lora, kv_a, k_pe = qkv_a.split([self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        # strided views, as SGLang's own MLA passes them (no copy)
         q_lora = self.q_a_layernorm(q_lora)
+        kv_a = self.kv_a_layernorm(kv_a)
         q, _ = self.q_b_proj(q_lora)
         q = q.view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        latent, _ = self.kv_a_proj_with_mqa(hidden_states)
-        kv_a, k_pe = latent.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        kv_a = self.kv_a_layernorm(kv_a)  # a strided view, as SGLang's own MLA passes it (no copy)
 
         if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
             q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)

@@ -27,6 +27,7 @@ from sglang.srt.utils import add_prefix, make_pp_layers
 from sglang_glm.layer_plan import LayerPlan
 from sglang_glm.models.attention import GlmDsaAttention
 from sglang_glm.models.weights import (
+    PACKED_MODULES,
     CheckpointAccounting,
     CheckpointError,
     SharedExpertFusion,
@@ -34,7 +35,7 @@ from sglang_glm.models.weights import (
     expert_params_mapping,
     fused_shared_expert_name,
     fused_shared_experts,
-    load_tensor,
+    TensorLoader,
 )
 from sglang_glm.settings import SGLANG_INDEXER, GlmDsaSettings, module_config
 from sglang_glm.topk_buffer import TopkBuffer
@@ -172,6 +173,7 @@ def check_plan_servable(plan: LayerPlan, built: LayerPlan) -> None:
 
 class GlmMoeDsaForCausalLM(SharedExpertFusion, nn.Module):
     fused_shared_experts_architecture = "GlmMoeDsaForCausalLM"
+    packed_modules_mapping = PACKED_MODULES  # read by SGLang's quantization configs
 
     def __init__(
         self,
@@ -249,7 +251,7 @@ class GlmMoeDsaForCausalLM(SharedExpertFusion, nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
         accounting = CheckpointAccounting(self.config, self.plan, self.start_layer, self.end_layer, params)
-        expert_mapping = expert_params_mapping(self.config, self.fused_shared_experts)
+        loader = TensorLoader(params, expert_params_mapping(self.config, self.fused_shared_experts), type(self).__name__)
         pending_fused: dict = {}  # FP8 halves of the fused indexer projection waiting for their other half
         fused_parts: dict[str, set] = {}
         for name, tensor in weights:
@@ -269,13 +271,13 @@ class GlmMoeDsaForCausalLM(SharedExpertFusion, nn.Module):
                 if SGLangDsaIndexer.load_fused_shard(name, tensor, params, pending_fused, self.quant_config):
                     fused_parts.setdefault(fused, set()).add("wk" if ".indexer.wk." in name else "weights_proj")
                     continue
-            accounting.loaded.add(load_tensor(params, expert_mapping, name, tensor, type(self).__name__))
+            loader.load(name, tensor)
         if pending_fused:
             raise CheckpointError(f"FP8 indexer tensors without their scale, or scales without their weight: "
                                   f"{sorted(pending_fused)}; use the complete checkpoint")
         # the fused parameter is loaded once both its halves are (else finish() names it)
-        accounting.loaded.update(f for f, parts in fused_parts.items() if parts == {"wk", "weights_proj"})
-        accounting.finish(params)
+        loader.loaded.update(f for f, parts in fused_parts.items() if parts == {"wk", "weights_proj"})
+        accounting.finish(params, loader)
         self.post_load_weights()
 
     def post_load_weights(self) -> None:

@@ -32,13 +32,14 @@ from sglang.srt.utils import add_prefix
 
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
 from sglang_glm.models.weights import (
+    PACKED_MODULES,
     ExpertInventory,
     SharedExpertFusion,
     dequantized_weight,
     expert_params_mapping,
     fused_shared_expert_name,
     fused_shared_experts,
-    load_tensor,
+    TensorLoader,
 )
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
 from sglang_glm.mtp.recycle import carried_hidden
@@ -114,6 +115,7 @@ class GlmDsaModelNextN(nn.Module):
 
 class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
     fused_shared_experts_architecture = "GlmMoeDsaForCausalLMNextN"  # the name SGLang gives a GLM draft
+    packed_modules_mapping = PACKED_MODULES  # read by SGLang's quantization configs
 
     def __init__(self, config, quant_config: Optional[QuantizationConfig] = None, prefix: str = "",
                  settings: Optional[GlmDsaSettings] = None):
@@ -212,8 +214,7 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         params = dict(self.named_parameters())
-        expert_mapping = expert_params_mapping(self.config, self.fused_shared_experts)
-        loaded = set()
+        loader = TensorLoader(params, expert_params_mapping(self.config, self.fused_shared_experts), type(self).__name__)
         experts = ExpertInventory(self.config)
         for name, tensor in weights:
             draft_name = self._draft_name(name)
@@ -222,11 +223,11 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
             experts.see(name)
             if self.fused_shared_experts:
                 draft_name = fused_shared_expert_name(draft_name, self.config.n_routed_experts)
-            loaded.add(load_tensor(params, expert_mapping, draft_name, tensor, type(self).__name__))
+            loader.load(draft_name, tensor)
         # the embedding and lm head are the target's (set_embed_and_head)
         need = {n for n in params if not n.startswith(("model.embed_tokens.", "lm_head."))}
-        missing = sorted(n for n in need if n not in loaded) + experts.missing()
-        if not loaded:
+        missing = loader.unloaded(need) + experts.missing()
+        if not loader.loaded and not loader.waiting:
             raise ValueError(
                 f"the checkpoint has no MTP layer (no tensors under model.layers.{self.config.num_hidden_layers}.*, "
                 "although its config.json says num_nextn_predict_layers: 1); speculative decoding with EAGLE/NEXTN "

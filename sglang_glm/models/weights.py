@@ -1,8 +1,9 @@
 """GLM-DSA weight loading shared by the target and the MTP draft, and checkpoint accounting.
 
-`load_tensor` puts one checkpoint tensor into its parameter (stacked gate/up, routed experts,
-plain); a shared expert that SGLang fuses into the routed experts (`SharedExpertFusion`) is loaded as
-routed expert `n_routed_experts`; `dequantized_weight` gives kv_b_proj in floating point for MLA absorption.
+`TensorLoader` puts checkpoint tensors into their parameters (stacked gate/up, routed experts, packed
+linears such as q_a + kv_a, plain); a shared expert that SGLang fuses into the routed experts
+(`SharedExpertFusion`) is loaded as routed expert `n_routed_experts`; `dequantized_weight` gives kv_b_proj in
+floating point for MLA absorption.
 Accounting: what is skipped, what must be there.
 
 Shared (IndexCache) layers own no indexer, so their indexer tensors are skipped and reported in one
@@ -83,30 +84,80 @@ def fused_shared_expert_name(name: str, n_routed_experts: int) -> str:
     return name.replace(".mlp.shared_experts.", f".mlp.experts.{n_routed_experts}.")
 
 
-def load_tensor(params: dict, expert_mapping: list, name: str, tensor: torch.Tensor, model: str) -> str:
-    """Load one checkpoint tensor (named as the model's parameters are) and return the parameter
-    it went into; `model` names the model in the error for a tensor it has no parameter for."""
-    for param_name, shard_name, shard_id in STACKED_PARAMS_MAPPING:
-        if f".{shard_name}." not in name or ".experts." in name:  # routed experts below
-            continue
-        target = name.replace(shard_name, param_name)
-        if target in params:
-            params[target].weight_loader(params[target], tensor, shard_id)
+# Linears that read the same input and run as one GEMM over their checkpoint tensors' rows, stacked in this
+# order (SGLang's name and mapping: its quantization configs read it to check the parts' precision agree)
+PACKED_MODULES = {"fused_qkv_a_proj_with_mqa": ["q_a_proj", "kv_a_proj_with_mqa"]}
+
+
+class TensorLoader:
+    """Puts checkpoint tensors (named as the model's parameters are) into the model's parameters; `model`
+    names the model in the error for a tensor it has no parameter for."""
+
+    def __init__(self, params: dict, expert_mapping: list, model: str):
+        self.params, self.expert_mapping, self.model = params, expert_mapping, model
+        self.waiting: dict[str, dict[str, torch.Tensor]] = {}  # packed parameter -> its parts that arrived
+        self.loaded: set[str] = set()
+
+    def load(self, name: str, tensor: torch.Tensor) -> None:
+        target = self._load(name, tensor)
+        if target is not None:
+            self.loaded.add(target)
+
+    def _load(self, name: str, tensor: torch.Tensor) -> str | None:
+        """The parameter the tensor went into; None while a packed parameter waits for its other parts."""
+        for packed, parts in PACKED_MODULES.items():
+            part = next((p for p in parts if f".{p}." in name), None)
+            if part is not None:
+                return self._load_packed(name.replace(f".{part}.", f".{packed}."), part, parts, tensor, name)
+        for param_name, shard_name, shard_id in STACKED_PARAMS_MAPPING:
+            if f".{shard_name}." not in name or ".experts." in name:  # routed experts below
+                continue
+            target = name.replace(shard_name, param_name)
+            if target in self.params:
+                self.params[target].weight_loader(self.params[target], tensor, shard_id)
+                return target
+        for param_name, shard_name, expert_id, shard_id in self.expert_mapping:
+            if shard_name not in name or "shared_experts" in name:
+                continue
+            target = name.replace(shard_name, param_name)
+            self.params[target].weight_loader(self.params[target], tensor, target, shard_id=shard_id,
+                                              expert_id=expert_id)
             return target
-    for param_name, shard_name, expert_id, shard_id in expert_mapping:
-        if shard_name not in name or "shared_experts" in name:
-            continue
-        target = name.replace(shard_name, param_name)
-        params[target].weight_loader(params[target], tensor, target, shard_id=shard_id, expert_id=expert_id)
+        self._check_known(name, name)
+        param = self.params[name]
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        return name
+
+    def _load_packed(self, target: str, part: str, parts: list[str], tensor: torch.Tensor, name: str) -> str | None:
+        self._check_known(target, name)
+        arrived = self.waiting.setdefault(target, {})
+        arrived[part] = tensor
+        if len(arrived) < len(parts):
+            return None
+        del self.waiting[target]
+        param = self.params[target]
+        # FP8 block scales stack too: each part's rows fill whole blocks (check_fusable_a_proj)
+        getattr(param, "weight_loader", default_weight_loader)(param, torch.cat([arrived[p] for p in parts]))
         return target
-    if name not in params:
-        raise CheckpointError(
-            f"checkpoint tensor {name!r} has no parameter in {model}; "
-            "the checkpoint does not match this GLM-DSA model"
-        )
-    param = params[name]
-    getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-    return name
+
+    def _check_known(self, target: str, name: str) -> None:
+        if target not in self.params:
+            raise CheckpointError(
+                f"checkpoint tensor {name!r} has no parameter in {self.model}; "
+                "the checkpoint does not match this GLM-DSA model"
+            )
+
+    def unloaded(self, names) -> list[str]:
+        """The checkpoint tensors that the parameters `names` not loaded still need (a packed one's parts
+        that did not arrive)."""
+        return sorted(n for param in names if param not in self.loaded for n in self._checkpoint_names(param))
+
+    def _checkpoint_names(self, param: str) -> list[str]:
+        for packed, parts in PACKED_MODULES.items():
+            if f".{packed}." in param:
+                arrived = self.waiting.get(param, {})
+                return [param.replace(f".{packed}.", f".{p}.") for p in parts if p not in arrived]
+        return [param]
 
 
 def dequantized_weight(linear: nn.Module) -> torch.Tensor:
@@ -168,7 +219,6 @@ class CheckpointAccounting:
         self.plan = plan
         self.stage = range(start_layer, end_layer)
         self.edges_held = {p for p in _EDGE_TENSORS if any(n.startswith(p) for n in params)}
-        self.loaded: set[str] = set()
         self.skipped_indexer = {"tensors": 0, "bytes": 0, "layers": set()}
         self.skipped_mtp = 0
         self.other_stages = 0
@@ -206,8 +256,8 @@ class CheckpointAccounting:
         self.experts.see(name)
         return True
 
-    def finish(self, params: dict) -> None:
-        unloaded = sorted(name for name in params if name not in self.loaded)
+    def finish(self, params: dict, loader: TensorLoader) -> None:
+        unloaded = loader.unloaded(params)
         missing = [name for name in unloaded if ".self_attn.indexer." in name]
         if missing:
             layers = sorted({int(_LAYER.match(n).group(1)) for n in missing})
