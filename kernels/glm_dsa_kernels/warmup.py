@@ -14,13 +14,15 @@ constexprs from a few inputs only, so the variants are enumerable:
   programs, and with them the merge kernel);
 - the batch layout: decode from positions, target verify, chain draft step, draft-extend window;
 - positions -> pool rows: one variant;
+- FP8 index keys into their pages (FP8 KV): one variant, launched on a scratch page;
 - RoPE: one variant per rotated tensor of a layer (the query's and key's rope columns, the index
   query and key), by width, pass-through columns, head block, pair layout and dtype.
 
 Integers that only bound loops or masks (query counts, chunk counts, page-table strides) are left
 unspecialized in the kernels (`do_not_specialize`), so their values add no variants.
 `warm_up` launches one representative of each variant on zero-filled inputs read from the served
-KV pool's own buffers (same dtypes and layouts as a served forward; nothing is written to them).
+KV pool's own buffers (same dtypes and layouts as a served forward; nothing is written to them: the
+index-key store writes into a scratch page of the same layout).
 """
 
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import torch
 
 from . import indexer, sparse_mla
 from .batch_layout import batch_layout
+from .index_k_store import store_index_k_fp8
 from .layout import INDEX_DIM, INDEX_HEADS, ROPE_DIM
 from .pool_rows import positions_to_pool_rows
 from .rope import rope
@@ -118,6 +121,10 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
             launches += 1
     positions_to_pool_rows(zeros(1, shapes.topk), req_to_token, zeros(1))
     launches += 1
+    if index_k_cache.dtype == torch.uint8:  # FP8 index keys
+        store_index_k_fp8(zeros(1, INDEX_DIM, dtype=shapes.dtype), zeros(1, dtype=torch.int64),
+                          torch.zeros_like(index_k_cache[:1]))
+        launches += 1
     for heads, width, interleaved in dict.fromkeys(rope_variants(shapes)):
         q, k = zeros(1, heads, width, dtype=shapes.dtype), zeros(1, 1, width, dtype=shapes.dtype)
         rope(q, k, zeros(1, dtype=torch.int64), zeros(1, ROPE_DIM, dtype=torch.float32), torch.empty_like(q),

@@ -19,6 +19,7 @@ import torch
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
 
 from glm_dsa_kernels import layout
+from glm_dsa_kernels.index_k_store import store_index_k_fp8, store_index_k_fp8_ref
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +133,7 @@ class TorchDSAKVPool(DSATokenToKVPool):
             buf[loc] = index_k.to(self.index_dtype)
             return
         # Per-token absmax scale; codes and scale land in the token's page (FlashMLA-style layout).
-        codes, scale = layout.quantize_index_k(index_k)
-        page, slot = loc // layout.INDEX_PAGE, loc % layout.INDEX_PAGE
-        dim = self.index_head_dim
-        cols = slot[:, None] * dim + torch.arange(dim, device=loc.device)
-        buf[page[:, None], cols] = codes
-        scales = buf[:, layout.INDEX_PAGE * dim :].view(torch.float32)  # [pages, 64]
-        scales[page, slot] = scale
+        (store_index_k_fp8 if buf.is_cuda else store_index_k_fp8_ref)(index_k, loc, buf)
 
     def index_k_rows(self, layer_id: int, loc: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Index keys of the slots `loc` as [len(loc), index_head_dim] in dtype (FP8: dequantized)."""

@@ -9,6 +9,7 @@ import torch
 
 from glm_dsa_kernels.batch_layout import BatchLayout, batch_layout, batch_layout_ref
 from glm_dsa_kernels.indexer import IndexerConfig, indexer_logits, indexer_logits_ref, indexer_topk, quantize_index_k_fp8
+from glm_dsa_kernels.index_k_store import store_index_k_fp8, store_index_k_fp8_ref
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows, positions_to_pool_rows_ref
 from glm_dsa_kernels.rope import rope, rope_ref
 from glm_dsa_kernels.sparse_mla import (
@@ -474,3 +475,30 @@ def test_batch_layout(device, mode, page):
     assert (got.key_limit >= 1).all() and (out.key_limit[B * n:] == poison).all()
     fresh = batch_layout(req, seq_lens, req_to_token, n, pages, page, **kw)
     assert torch.equal(fresh.page_table.cpu(), want.page_table.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_index_k_store_fp8(device, dtype):
+    """The one-launch FP8 index-key store writes exactly the bytes of the torch quantizer's, into exactly
+    the slots named (every other byte of the pages kept): keys of every magnitude, an all-zero key (the
+    scale's floor), a key whose amax lands on 448."""
+    dev = _dev(device)
+    torch.manual_seed(11)
+    T, pages = (300, 8) if device == "cuda" else (6, 2)
+    k = (torch.randn(T, 128, device=dev) * torch.logspace(-4, 3, T, device=dev)[:, None]).to(dtype)
+    k[1] = 0
+    k[2, 5] = 448.0
+    loc = torch.randperm(pages * 64, device=dev)[:T]
+    want = torch.randint(0, 256, (pages, 64 * 132), dtype=torch.uint8, device=dev)
+    got = want.clone()
+    store_index_k_fp8_ref(k, loc, want)
+    store_index_k_fp8(k, loc, got)
+    if device == "interp":  # Triton's interpreter casts to e4m3 its own way, not the GPU's round-to-nearest-even
+        codes = torch.zeros(pages, 64, 128, dtype=torch.bool)
+        codes[loc // 64, loc % 64] = True
+        codes = torch.cat([codes.view(pages, -1), torch.zeros(pages, 64 * 4, dtype=torch.bool)], dim=1)
+        got[codes] = want[codes]  # placement and scales still exact
+    assert torch.equal(got, want)
+    store_index_k_fp8(k[:0], loc[:0], got)  # no keys: no launch
+    assert torch.equal(got, want)

@@ -13,6 +13,7 @@ import torch
 import triton
 
 from glm_dsa_kernels import indexer, sparse_mla
+from glm_dsa_kernels.index_k_store import store_index_k_fp8
 from glm_dsa_kernels.pool_rows import positions_to_pool_rows
 from glm_dsa_kernels.rope import rope
 from glm_dsa_kernels.warmup import WarmUpShapes, indexer_variants, rope_variants, sparse_mla_variants, topk_widths, warm_up
@@ -103,13 +104,15 @@ def test_no_variant_built_after_warm_up(kv_fp8):
             # the layer's rotations, from views as the model takes them (positions at any offset)
             positions = torch.randint(0, 4096, (t + 3,), device=dev)[rng.randint(0, 3):][:t]
             cos_sin = torch.randn(4096, 64, device=dev)
-            q, latent = torch.randn(t, 64, 256, device=dev).bfloat16(), torch.randn(t, 576, device=dev).bfloat16()
+            q, qkv_a = torch.randn(t, 64, 256, device=dev).bfloat16(), torch.randn(t, 2048 + 576, device=dev).bfloat16()
             query = torch.empty(t, 64, sparse_mla.D_QK, device=dev).bfloat16()
-            rope(q[..., 192:], latent[:, None, 512:], positions, cos_sin, query[..., 512:],
+            rope(q[..., 192:], qkv_a[:, None, 2048 + 512:], positions, cos_sin, query[..., 512:],
                  torch.empty(t, 1, 64, device=dev).bfloat16(), True)
             q_idx = torch.randn(t, indexer.N_HEADS, indexer.HEAD_DIM, device=dev).bfloat16()
             k_idx = torch.randn(t, 1, indexer.HEAD_DIM, device=dev).bfloat16()
             rope(q_idx, k_idx, positions, cos_sin, torch.empty_like(q_idx), torch.empty_like(k_idx), True)
+            if kv_fp8:
+                store_index_k_fp8(k_idx[:, 0], torch.randperm(pages * page, device=dev)[:t], k_cache)
     finally:
         knobs.runtime.jit_post_compile_hook = None
     assert not built, f"variants built after the warm-up: {sorted(set(built))}"
