@@ -94,6 +94,24 @@ def test_fp8_blocks_that_q_a_and_kv_a_cannot_share_fail(tmp_path):
     assert "q_lora_rank = 64 with weight_block_size [128, 128]" in log, log[-3000:]
 
 
+def test_q_a_and_kv_a_share_a_gemm_only_where_their_scales_stack():
+    """Unquantized, block FP8 on the block grid, and FP8 quantized after loading stack two checkpoint tensors'
+    rows; a per-tensor FP8 scale each, or a block grid q_a's rows do not fill, would not: refused by name."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang.srt.layers.quantization.w8a8_int8 import W8A8Int8Config
+
+    from sglang_glm.models.attention import check_fusable_a_proj
+
+    for ok in (None, Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]), Fp8Config()):
+        check_fusable_a_proj(2048, ok)
+    with pytest.raises(ValueError, match="q_lora_rank = 1000 with weight_block_size"):
+        check_fusable_a_proj(1000, Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]))
+    with pytest.raises(ValueError, match="quantization 'fp8' without weight_block_size"):
+        check_fusable_a_proj(2048, Fp8Config(is_checkpoint_fp8_serialized=True))
+    with pytest.raises(ValueError, match="quantization 'w8a8_int8'"):
+        check_fusable_a_proj(2048, W8A8Int8Config({}))
+
+
 def test_full_layer_missing_indexer_tensors_fails(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", config_overrides={"index_topk_pattern": PLAN})
     log = failed_launch(ckpt, "--json-model-override-args", '{"index_topk_pattern": "FFFF"}')

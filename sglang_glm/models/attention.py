@@ -160,10 +160,21 @@ def build_indexer(config, settings: GlmDsaSettings, layer_id: int, quant_config,
 
 
 def check_fusable_a_proj(q_lora_rank: int, quant_config: Optional[QuantizationConfig]) -> None:
-    """q_a_proj's rows sit above kv_a's in one block-quantized weight: each block of 128 rows has one
-    scale, so q_a's rows must fill whole blocks for the two checkpoints' scales to stack."""
+    """q_a_proj's rows sit above kv_a's in one weight, loaded by stacking the two checkpoint tensors' rows:
+    right for plain weights, and for block FP8 when q_a's rows fill whole blocks (one scale per 128 rows);
+    a per-tensor scale of each would not stack."""
+    if quant_config is None:
+        return
     block = getattr(quant_config, "weight_block_size", None)
-    if block and q_lora_rank % block[0]:
+    if quant_config.get_name() == "fp8" and not quant_config.is_checkpoint_fp8_serialized:
+        return  # --quantization fp8 on plain weights: quantized after loading
+    if quant_config.get_name() != "fp8" or not block:
+        raise ValueError(
+            f"quantization {quant_config.get_name()!r}{'' if block else ' without weight_block_size'}: sglang-glm "
+            "runs q_a_proj and kv_a_proj_with_mqa as one GEMM, which it loads from unquantized and block-FP8 "
+            "checkpoints (GLM-5's FP8 release): serve one of those (--quantization fp8 quantizes plain weights)"
+        )
+    if q_lora_rank % block[0]:
         raise ValueError(
             f"q_lora_rank = {q_lora_rank} with weight_block_size {list(block)}: q_a_proj and "
             f"kv_a_proj_with_mqa run as one block-quantized GEMM, which needs q_lora_rank to be a multiple of "
