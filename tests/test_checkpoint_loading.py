@@ -112,6 +112,34 @@ def test_q_a_and_kv_a_share_a_gemm_only_where_their_scales_stack():
         check_fusable_a_proj(2048, W8A8Int8Config({}))
 
 
+def test_q_a_and_kv_a_rows_and_block_scales_stack_in_either_order():
+    """The fused projection's weight is q_a's rows over kv_a's, and so is its block-scale grid: dequantized,
+    it equals the two checkpoint tensors dequantized and stacked (kv_a arriving first waits for q_a)."""
+    from sglang.srt.layers.linear import ReplicatedLinear
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+    from sglang_glm_tools.checkpoint import dequantize_fp8_block, quantize_fp8_block
+
+    from sglang_glm.models.weights import TensorLoader, dequantized_weight
+
+    torch.manual_seed(0)
+    fused = "model.layers.0.self_attn.fused_qkv_a_proj_with_mqa"
+    linear = ReplicatedLinear(256, 128 + 80, bias=False, prefix=fused,
+                              quant_config=Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]))
+    params = {f"{fused}.{n}": p for n, p in linear.named_parameters()}
+    parts = {name: quantize_fp8_block(torch.randn(rows, 256)) for name, rows in (("q_a_proj", 128),
+                                                                              ("kv_a_proj_with_mqa", 80))}
+    loader = TensorLoader(params, [], "test")
+    for name in ("kv_a_proj_with_mqa", "q_a_proj"):
+        if name == "q_a_proj":
+            assert loader.unloaded(params) == [f"model.layers.0.self_attn.q_a_proj.{t}" for t in ("weight",
+                                                                                              "weight_scale_inv")]
+        for tensor, suffix in zip(parts[name], ("weight", "weight_scale_inv")):
+            loader.load(f"model.layers.0.self_attn.{name}.{suffix}", tensor)
+    assert loader.unloaded(params) == []
+    want = torch.cat([dequantize_fp8_block(*parts[name]) for name in ("q_a_proj", "kv_a_proj_with_mqa")])
+    assert torch.equal(dequantized_weight(linear), want)
+
+
 def test_full_layer_missing_indexer_tensors_fails(tmp_path):
     ckpt = make_tiny_checkpoint(tmp_path / "ckpt", config_overrides={"index_topk_pattern": PLAN})
     log = failed_launch(ckpt, "--json-model-override-args", '{"index_topk_pattern": "FFFF"}')
