@@ -4,7 +4,8 @@ Each key [INDEX_DIM] gets an fp32 absmax scale (amax / 448, floored) and is stor
 token's page slot, the scale in the page's scale block (`layout.pack_index_k_pages`), where the indexer
 reads them. The plain-torch version (`store_index_k_fp8_ref`, also the CPU path) takes about fifteen
 launches (quantize, page/slot arithmetic, two scattered writes), which a decode step paid in every full
-layer with `--kv-cache-dtype fp8_e4m3`. Both divide exactly (IEEE), so their bytes agree.
+layer with `--kv-cache-dtype fp8_e4m3`. Both divide exactly (IEEE) and round to e4m3 to nearest-even,
+so their bytes agree.
 """
 
 import torch
@@ -12,6 +13,23 @@ import triton
 import triton.language as tl
 
 from .layout import E4M3_MAX, INDEX_PAGE, MIN_SCALE_AMAX, quantize_index_k
+
+
+@triton.jit
+def _e4m3_rtne(x):
+    """fp32 values within +-448 -> e4m3fn codes (uint8), rounded to nearest-even on the bits, as torch's
+    cast rounds: Triton's own cast disagreed with torch's on the H200 (session 32) and its interpreter
+    casts another way again."""
+    bits = x.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 255) - 127
+    mant = (bits & 0x7FFFFF) | 0x800000
+    # keep 3 mantissa bits, fewer below e4m3's smallest normal (2^-6); 25 drops every bit of a zero
+    shift = tl.minimum(20 + tl.maximum(-6 - exp, 0), 25)
+    one = tl.full(x.shape, 1, tl.int32)
+    kept = (mant + (one << (shift - 1)) - 1 + ((mant >> shift) & 1)) >> shift
+    # a carry out of the mantissa lands on the next exponent by itself; 126 is 448, the largest finite code
+    code = tl.minimum(kept + (tl.maximum(exp, -6) + 6) * 8, 126)
+    return (code | ((bits >> 24) & 128)).to(tl.uint8)
 
 
 @triton.jit
@@ -24,7 +42,7 @@ def _store_index_k_fp8_kernel(
     k = tl.load(k_ptr + t.to(tl.int64) * stride_k + d).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(k), axis=0), MIN_AMAX)
     scale = tl.div_rn(amax + tl.zeros_like(k), E4M3_MAX + tl.zeros_like(k))  # the scale, in every lane
-    codes = tl.div_rn(k, scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+    codes = _e4m3_rtne(tl.div_rn(k, scale))
     loc = tl.load(loc_ptr + t).to(tl.int64)
     page = pages_ptr + (loc // PAGE) * stride_page
     slot = loc % PAGE

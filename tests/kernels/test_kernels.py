@@ -482,23 +482,36 @@ def test_batch_layout(device, mode, page):
 def test_index_k_store_fp8(device, dtype):
     """The one-launch FP8 index-key store writes exactly the bytes of the torch quantizer's, into exactly
     the slots named (every other byte of the pages kept): keys of every magnitude, an all-zero key (the
-    scale's floor), a key whose amax lands on 448."""
+    scale's floor), a key whose amax lands on 448, ties of e4m3's rounding, its subnormals."""
     dev = _dev(device)
     torch.manual_seed(11)
     T, pages = (300, 8) if device == "cuda" else (6, 2)
     k = (torch.randn(T, 128, device=dev) * torch.logspace(-4, 3, T, device=dev)[:, None]).to(dtype)
     k[1] = 0
     k[2, 5] = 448.0
+    # amax 448 makes row 2's scale 1: ties between e4m3 neighbours, subnormal ties, a negative zero
+    k[2, 6:14] = torch.tensor([1.0625, 1.1875, -1.1875, 1.5 * 2**-9, 2.5 * 2**-9, 2**-10, -(2**-10), 0.0])
     loc = torch.randperm(pages * 64, device=dev)[:T]
     want = torch.randint(0, 256, (pages, 64 * 132), dtype=torch.uint8, device=dev)
     got = want.clone()
     store_index_k_fp8_ref(k, loc, want)
     store_index_k_fp8(k, loc, got)
-    if device == "interp":  # Triton's interpreter casts to e4m3 its own way, not the GPU's round-to-nearest-even
-        codes = torch.zeros(pages, 64, 128, dtype=torch.bool)
-        codes[loc // 64, loc % 64] = True
-        codes = torch.cat([codes.view(pages, -1), torch.zeros(pages, 64 * 4, dtype=torch.bool)], dim=1)
-        got[codes] = want[codes]  # placement and scales still exact
-    assert torch.equal(got, want)
+    assert torch.equal(got, want), f"{(got != want).sum().item()} bytes differ"
     store_index_k_fp8(k[:0], loc[:0], got)  # no keys: no launch
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_index_k_store_fp8_rounds_every_code_like_torch(device):
+    """Every e4m3 value and every midpoint between neighbours, both signs, in keys whose amax is 448 (scale
+    1): the store's codes are torch's cast's, ties to even included."""
+    dev = _dev(device)
+    values = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    x = torch.cat([values, (values[1:] + values[:-1]) / 2])
+    x = torch.cat([x, -x, torch.zeros(-2 * len(x) % 127)]).view(-1, 127)
+    k = torch.cat([x, torch.full((len(x), 1), 448.0)], dim=1).to(dev)
+    loc = torch.arange(len(k), device=dev)
+    got = torch.zeros(1, 64 * 132, dtype=torch.uint8, device=dev)
+    store_index_k_fp8(k, loc, got)
+    want = k.to(torch.float8_e4m3fn).view(torch.uint8)
+    assert torch.equal(got[0, : k.numel()].view_as(want), want)
