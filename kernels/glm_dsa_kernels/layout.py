@@ -70,7 +70,9 @@ def dequantize_mla_rows(rows: torch.Tensor, kv_lora_rank: int, dtype: torch.dtyp
 def quantize_index_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Index keys [N, D] -> (e4m3 codes as uint8 [N, D], fp32 scales [N])."""
     kf = k.float()
-    scale = kf.abs().amax(-1).clamp(min=MIN_SCALE_AMAX) / E4M3_MAX
+    # times the fp32 reciprocal, not divided: torch on CUDA divides by a number that way and on CPU exactly, and
+    # the one-launch store (index_k_store.py) has to agree with both
+    scale = kf.abs().amax(-1).clamp(min=MIN_SCALE_AMAX) * (1 / E4M3_MAX)
     return (kf / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8), scale
 
 
