@@ -4,8 +4,8 @@ Each key [INDEX_DIM] gets an fp32 absmax scale (amax / 448, floored) and is stor
 token's page slot, the scale in the page's scale block (`layout.pack_index_k_pages`), where the indexer
 reads them. The plain-torch version (`store_index_k_fp8_ref`, also the CPU path) takes about fifteen
 launches (quantize, page/slot arithmetic, two scattered writes), which a decode step paid in every full
-layer with `--kv-cache-dtype fp8_e4m3`. Both take the scale as amax times 1/448 in fp32, divide the key by it
-exactly (IEEE) and round to e4m3 to nearest-even, so their bytes agree.
+layer with `--kv-cache-dtype fp8_e4m3`. Both divide exactly (IEEE: amax by 448, the key by its scale) and round
+to e4m3 to nearest-even, so their bytes agree.
 """
 
 import torch
@@ -41,7 +41,7 @@ def _store_index_k_fp8_kernel(
     d = tl.arange(0, DIM)
     k = tl.load(k_ptr + t.to(tl.int64) * stride_k + d).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(k), axis=0), MIN_AMAX)
-    scale = amax * (1 / E4M3_MAX)  # as layout.quantize_index_k: one rounding on every device
+    scale = tl.div_rn(amax + tl.zeros_like(k), E4M3_MAX + tl.zeros_like(k))  # the scale, in every lane
     codes = _e4m3_rtne(tl.div_rn(k, scale))
     loc = tl.load(loc_ptr + t).to(tl.int64)
     page = pages_ptr + (loc // PAGE) * stride_page

@@ -70,9 +70,10 @@ def dequantize_mla_rows(rows: torch.Tensor, kv_lora_rank: int, dtype: torch.dtyp
 def quantize_index_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Index keys [N, D] -> (e4m3 codes as uint8 [N, D], fp32 scales [N])."""
     kf = k.float()
-    # times the fp32 reciprocal, not divided: torch on CUDA divides by a number that way and on CPU exactly, and
-    # the one-launch store (index_k_store.py) has to agree with both
-    scale = kf.abs().amax(-1).clamp(min=MIN_SCALE_AMAX) * (1 / E4M3_MAX)
+    amax = kf.abs().amax(-1).clamp(min=MIN_SCALE_AMAX)
+    # over a tensor, not a number: torch on CUDA divides by a number as a product with its reciprocal (one ulp
+    # off for some keys), and the one-launch store (index_k_store.py) divides exactly
+    scale = amax / torch.full_like(amax, E4M3_MAX)
     return (kf / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8), scale
 
 
