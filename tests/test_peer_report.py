@@ -45,3 +45,4 @@ def test_pairs_per_config_and_workload(tmp_path):
     ]
     assert ("| indexcache decode_b1 | median_tpot_ms | 6.00 ms | 5.00 ms | 1.20x | deepgemm | run1 |"
             in (tmp_path / "peer.md").read_text())
+    assert (tmp_path / "peer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

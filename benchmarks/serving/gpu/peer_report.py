@@ -2,7 +2,7 @@
 `CONFIG@sglang`) -> results/peer.json, a list of {"what", "metric", "sglang", "plugin", "ratio",
 "sglang_indexer", "run"} rows (ratio = SGLang's time / the plugin's: > 1 means the plugin is faster;
 sglang_indexer: the kernels SGLang's indexer ran, "deepgemm" or its "torch" fall-back; run: the name of the
-directory holding the row's results.jsonl), and peer.md, the table.
+directory holding the row's results.jsonl), peer.md, the table, and peer.png, its ratios as bars.
 
 Only rows of the same config and workload in the same file pair up (one run, one machine); where a side
 ran a workload more than once the median counts. A plugin copy served in the run (`CONFIG@NAME`, e.g. the
@@ -59,6 +59,30 @@ def markdown(rows: list[dict], hardware: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(rows: list[dict], hardware: str, path: Path) -> None:
+    """One bar per row from 1.0 (the two level) to SGLang's time over the plugin's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(rows) + 1.6))
+    labels = [f"{r['what'].replace(' (plugin', ' (')}\n{r['run']}: {r['sglang']:.1f} vs {r['plugin']:.1f} ms"
+              for r in rows][::-1]
+    ratios = [r["ratio"] for r in rows][::-1]
+    ax.barh(labels, [x - 1 for x in ratios], left=1.0, color=["C2" if x >= 1 else "C3" for x in ratios])
+    ax.axvline(1.0, color="k", lw=0.8)
+    for y, x in enumerate(ratios):
+        ax.text(max(x, 1.0), y, f" {x:.2f}x", va="center", fontsize=8)
+    ax.set_xlim(min(0.8, min(ratios) - 0.05), max(ratios) + 0.15)
+    ax.set_xlabel("SGLang's own path time / plugin time (> 1: the plugin is faster)")
+    ax.set_title(f"GLM-5.2-shaped model: SGLang's own GLM-DSA path vs sglang-glm\n{hardware.split(',')[0]}", fontsize=10)
+    ax.tick_params(axis="y", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", type=Path, nargs="+", help="bench_gpu.py runs' results.jsonl")
@@ -75,6 +99,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "peer.json").write_text(json.dumps(table, indent=1) + "\n")
     (args.out / "peer.md").write_text(markdown(table, hardware))
+    plot(table, hardware, args.out / "peer.png")
     print(markdown(table, hardware))
 
 
