@@ -35,6 +35,14 @@ python3 -c "from cuda.bindings import runtime" 2>/dev/null && echo "cuda-python:
 timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA -v "$@" \
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
+# cut by the timeout: name the tests that started and never reported (xdist prints a node id as it starts)
+[ "$rc" = 124 ] && python3 - "$OUT/gpu_suite.log" <<'PY' | tee -a "$OUT/gpu_suite.log"
+import re, sys
+log = open(sys.argv[1], errors="replace").read()
+started = re.findall(r"^(tests/gpu/\S+::\S+) $", log, re.M)
+done = set(re.findall(r"(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/gpu/\S+::\S+)", log))
+print("cut by GPU_SUITE_TIMEOUT, unfinished:", *[t for t in started if t not in done] or ["(none started)"], sep="\n  ")
+PY
 if [ -n "${KERNEL_TESTS:-}" ]; then
   timeout "${KERNEL_TESTS_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -k "$KERNEL_TESTS" -p no:cacheprovider \
     -q -rA 2>&1 | tee "$OUT/kernel_tests.log"
