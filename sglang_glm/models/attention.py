@@ -27,10 +27,11 @@ from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import 
     eager_on_graph,
     is_in_breakable_cuda_graph,
 )
+from sglang.srt.model_executor.runner_utils.capture_mode import get_is_capture_mode
 from sglang.srt.model_executor.runner_utils.forward_batch import get_forward_batch
 from sglang.srt.model_executor.runner_utils.prefill_graph import is_in_prefill_graph_scope
 from sglang.srt.runtime_context import get_parallel
-from sglang.srt.utils import add_prefix
+from sglang.srt.utils import add_prefix, is_cuda
 
 from glm_dsa_kernels.rope import rope, rope_ref
 from sglang_glm.attention.backends import DsaIndexBackend
@@ -42,6 +43,26 @@ def in_breakable_prefill_graph(forward_batch: ForwardBatch) -> bool:
     """A prefill forward SGLang captures or replays as a breakable CUDA graph (its RadixAttention
     then runs eagerly between segments, on the real rows of a padded batch)."""
     return is_in_breakable_cuda_graph() and is_in_prefill_graph_scope() and forward_batch.forward_mode.is_extend()
+
+
+def side_stream() -> Optional[torch.cuda.Stream]:
+    """A model's second CUDA stream, for work that overlaps within a captured graph (None off CUDA)."""
+    return torch.cuda.Stream() if is_cuda() else None
+
+
+def overlapped(side: Optional[torch.cuda.Stream], main_work, side_work):
+    """(main_work(), side_work()): side_work on stream `side` while main_work runs on the current stream,
+    both after everything already queued, the current stream then waiting for both; side None: one after
+    the other. The side work is issued second, so a captured graph joins back on the main stream's lane."""
+    if side is None:
+        return main_work(), side_work()
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)
+    first = main_work()
+    with torch.cuda.stream(side):
+        second = side_work()
+    main.wait_stream(side)
+    return first, second
 
 
 # SGLang's rotary classes whose rotation is its cos/sin cache alone (YaRN's scale is baked into the cache)
@@ -210,11 +231,14 @@ class GlmDsaAttention(nn.Module):
     """MLA in its absorbed form (latent KV cache) with DSA sparse attention over top-k keys."""
 
     def __init__(
-        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str
+        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str,
+        alt_stream: Optional[torch.cuda.Stream] = None,
     ):
         super().__init__()
         tp_size = get_parallel().attn_tp_size
         self.layer_id = layer_id
+        # small launches of one layer overlap on it inside captured graphs, as in SGLang's own MLA
+        self.alt_stream = alt_stream
         self.num_heads = config.num_attention_heads // tp_size
         self.qk_nope_head_dim = config.qk_nope_head_dim
         self.qk_rope_head_dim = config.qk_rope_head_dim
@@ -283,21 +307,26 @@ class GlmDsaAttention(nn.Module):
     ) -> torch.Tensor:
         qkv_a, _ = self.fused_qkv_a_proj_with_mqa(hidden_states)
         q_lora, kv_a, k_pe = qkv_a.split([self.q_lora_rank, self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+        # inside a captured graph (not a breakable one, whose eager breaks a fork may not span) the two norms,
+        # and a full layer's indexer and q_b_proj, run side by side: at small batches each is a few
+        # latency-bound launches
+        side = self.alt_stream if get_is_capture_mode() and not is_in_breakable_cuda_graph() else None
         # strided views, as SGLang's own MLA passes them (no copy)
-        q_lora = self.q_a_layernorm(q_lora)
-        kv_a = self.kv_a_layernorm(kv_a)
-        q, _ = self.q_b_proj(q_lora)
+        q_lora, kv_a = overlapped(side, lambda: self.q_a_layernorm(q_lora), lambda: self.kv_a_layernorm(kv_a))
+        if run_indexer and not (isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch)):
+            topk, (q, _) = overlapped(
+                side,
+                lambda: self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
+                lambda: self.q_b_proj(q_lora),
+            )
+            topk_buffer.write(self.layer_id, topk)
+        else:
+            q, _ = self.q_b_proj(q_lora)
+            if run_indexer:  # under a breakable prefill graph: the store and select are an eager break
+                q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
+                self.indexer.select_into(q_idx, weights, k_idx, topk_buffer.claim(self.layer_id))
         q = q.view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-
-        if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
-            q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
-            self.indexer.select_into(q_idx, weights, k_idx, topk_buffer.claim(self.layer_id))
-        elif run_indexer:
-            topk_buffer.write(
-                self.layer_id,
-                self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
-            )
         # after the indexer, so its temporaries and the [T, H, 576] query are not alive together
         query, k_rope = absorbed_query_and_key(q_nope, q_pe, k_pe.unsqueeze(1), self.w_kc, self.rotary_emb, positions)
         out = self.attn(

@@ -25,7 +25,7 @@ from sglang.srt.runtime_context import get_parallel, get_spec
 from sglang.srt.utils import add_prefix, make_pp_layers
 
 from sglang_glm.layer_plan import LayerPlan
-from sglang_glm.models.attention import GlmDsaAttention
+from sglang_glm.models.attention import GlmDsaAttention, side_stream
 from sglang_glm.models.weights import (
     PACKED_MODULES,
     CheckpointAccounting,
@@ -45,12 +45,13 @@ logger = logging.getLogger(__name__)
 
 class GlmDsaDecoderLayer(nn.Module):
     def __init__(
-        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str
+        self, config, settings: GlmDsaSettings, layer_id: int, has_indexer: bool, quant_config, prefix: str,
+        alt_stream: Optional[torch.cuda.Stream] = None,
     ):
         super().__init__()
         self.layer_id = layer_id
         self.self_attn = GlmDsaAttention(
-            config, settings, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix)
+            config, settings, layer_id, has_indexer, quant_config, add_prefix("self_attn", prefix), alt_stream
         )
         # transformers' GlmMoeDsaConfig checks mlp_layer_types' length and entries ("dense" / "sparse")
         mlp_types = getattr(config, "mlp_layer_types", None)
@@ -97,10 +98,11 @@ class GlmDsaModel(nn.Module):
             )
         else:
             self.embed_tokens = PPMissingLayer()
+        alt_stream = side_stream()
         self.layers, self.start_layer, self.end_layer = make_pp_layers(
             config.num_hidden_layers,
             lambda idx, prefix: GlmDsaDecoderLayer(
-                config, settings, idx, plan.is_full(idx), quant_config, prefix
+                config, settings, idx, plan.is_full(idx), quant_config, prefix, alt_stream
             ),
             prefix=add_prefix("layers", prefix),
         )

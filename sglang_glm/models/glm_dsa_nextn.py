@@ -30,6 +30,7 @@ from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabPara
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.utils import add_prefix
 
+from sglang_glm.models.attention import side_stream
 from sglang_glm.models.glm_dsa import GlmDsaDecoderLayer
 from sglang_glm.models.weights import (
     PACKED_MODULES,
@@ -82,7 +83,7 @@ class GlmDsaModelNextN(nn.Module):
         # marks its last layers shared.
         self.decoder = GlmDsaDecoderLayer(
             _mtp_layer_config(config), settings, DRAFT_LAYER_ID, True, quant_config,
-            add_prefix("decoder", prefix),
+            add_prefix("decoder", prefix), side_stream(),
         )
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
