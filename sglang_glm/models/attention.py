@@ -313,7 +313,11 @@ class GlmDsaAttention(nn.Module):
         side = self.alt_stream if get_is_capture_mode() and not is_in_breakable_cuda_graph() else None
         # strided views, as SGLang's own MLA passes them (no copy)
         q_lora, kv_a = overlapped(side, lambda: self.q_a_layernorm(q_lora), lambda: self.kv_a_layernorm(kv_a))
-        if run_indexer and not (isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch)):
+        if run_indexer and isinstance(self.indexer, GlmDsaIndexer) and in_breakable_prefill_graph(forward_batch):
+            q, _ = self.q_b_proj(q_lora)
+            q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
+            self.indexer.select_into(q_idx, weights, k_idx, topk_buffer.claim(self.layer_id))
+        elif run_indexer:
             topk, (q, _) = overlapped(
                 side,
                 lambda: self.indexer(hidden_states, q_lora, positions, forward_batch, get_attn_backend()),
@@ -322,9 +326,6 @@ class GlmDsaAttention(nn.Module):
             topk_buffer.write(self.layer_id, topk)
         else:
             q, _ = self.q_b_proj(q_lora)
-            if run_indexer:  # under a breakable prefill graph: the store and select are an eager break
-                q_idx, weights, k_idx = self.indexer.project(hidden_states, q_lora, positions)
-                self.indexer.select_into(q_idx, weights, k_idx, topk_buffer.claim(self.layer_id))
         q = q.view(-1, self.num_heads, self.qk_nope_head_dim + self.qk_rope_head_dim)
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         # after the indexer, so its temporaries and the [T, H, 576] query are not alive together
