@@ -50,3 +50,11 @@ def test_deep_proxies_keep_the_widths_with_fewer_experts_and_say_their_size(tmp_
     assert config["num_hidden_layers"] == 40 and "104.5 GB of weights" in deep
     r = subprocess.run([*make, str(tmp_path / "m4"), "--experts", "4"], capture_output=True, text=True)
     assert r.returncode != 0 and "--experts 4: a token is routed to 8 experts" in r.stderr
+
+
+def test_repeated_runs_are_summarised_by_their_median():
+    """bench_gpu --repeats: a row's numbers are the median of the runs that reported them."""
+    code = ("import json, bench_gpu as b; runs = [{'t': 5.0}, {'t': 4.0, 'i': 2.0}, {'t': 9.0}, {'t': 4.5}]; "
+            "print(json.dumps([b.median_of(runs, 't'), b.median_of(runs, 'i'), b.median_of(runs, 'x')]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=GPU_BENCH, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [4.75, 2.0, None]

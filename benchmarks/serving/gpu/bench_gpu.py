@@ -10,6 +10,9 @@ one or more runs into the table and plots.
     python benchmarks/serving/gpu/bench_gpu.py --model /tmp/glm52 --out $OUT \
         --run indexcache:prefill_128k,decode_128k_b1 --run all_full:prefill_128k,decode_128k_b1
 
+`--repeats N` runs every workload N times on its server, one after another; a row then holds the median of
+the N runs of each number and the runs' TPOT and ITL beside it (`runs`).
+
 Before/after in one run: `--plugin before=DIR` names a plugin installed elsewhere (`pip install --target
 DIR` from another commit); `--run indexcache@before:decode_b1` serves that config with it (its
 directory first on PYTHONPATH), `--run indexcache:decode_b1` with the installed one.
@@ -48,6 +51,7 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -247,6 +251,12 @@ def bench_serving(url: str, model: Path, w: Workload, out_file: Path, client=Non
     return run_bench_serving(argv, out_file, timeout=1800, client=client)
 
 
+def median_of(runs: list[dict], key: str):
+    """The median of one bench_serving number over repeated runs (None where no run reported it)."""
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
 def server_info(url: str) -> dict:
     import requests
 
@@ -307,6 +317,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=560, help="skip what would end past this")
     ap.add_argument("--scale", type=float, default=None, help="length scale (default 1 on GPU, 1/256 on CPU)")
     ap.add_argument("--plugin", action="append", default=[], help="NAME=DIR: a plugin installed in DIR")
+    ap.add_argument("--repeats", type=int, default=1, help="bench_serving runs of every workload; rows hold medians")
     ap.add_argument("--peer-site", type=Path, default=None,
                     help=f"sgl-flash-mla installed here (pip install --target): enables @{PEER} runs")
     args = ap.parse_args()
@@ -365,17 +376,23 @@ def main() -> None:
             for wname in workloads:
                 w = scaled(WORKLOADS[wname], scale)
                 left = args.deadline_s - (time.time() - t0)
-                if left < WORKLOADS[wname].est_s * 1.5:
+                if left < WORKLOADS[wname].est_s * 1.5 * args.repeats:
                     print(f"  {wname}: skipped, {left:.0f}s left", flush=True)
                     continue
                 print(f"  {wname} (t={time.time() - t0:.0f}s)", flush=True)
-                try:
-                    res = bench_serving(url, args.model, w, args.out / f"{file_label}_{wname}.json")
-                except Exception as exc:  # keep going: the other workloads still count
-                    print(f"  {wname} failed: {exc}", flush=True)
+                runs = []
+                for r in range(args.repeats):
+                    suffix = f"_r{r}" if args.repeats > 1 else ""
+                    try:
+                        runs.append(bench_serving(url, args.model, w, args.out / f"{file_label}_{wname}{suffix}.json"))
+                    except Exception as exc:  # keep going: the other workloads still count
+                        print(f"  {wname} failed: {exc}", flush=True)
+                        break
+                if len(runs) < args.repeats:
                     continue
                 row = {"config": name, "plugin": plugin, "workload": wname, **dataclasses.asdict(w),
-                       **{k: res.get(k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
+                       **{k: median_of(runs, k) for k in KEEP}, **server_info(url), "startup_s": startup_s,
+                       "runs": [{k: r.get(k) for k in ("median_tpot_ms", "median_itl_ms")} for r in runs],
                        "plugin_origin": origin, "meta": meta,
                        **({"peer_indexer": peer.indexer(plugins[PEER])} if plugin == PEER else {})}
                 with results.open("a") as f:
