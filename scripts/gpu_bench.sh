@@ -88,6 +88,8 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --
 # SIGINT lets a benchmark cut short stop its servers (their context managers run) before the next one starts
 limit() { timeout -s INT -k 30 "$@"; }
 export PYTHONPATH=/tmp/site_plugin:$PYTHONPATH TORCHDYNAMO_DISABLE=1
+# every bench_gpu run of every mode, REPEATS runs of each workload
+BENCH_GPU=(python3 bench_gpu.py --repeats "${REPEATS:-1}")
 # DeepGEMM compiles each kernel with nvcc at first use; SGLang points it at SGLANG_DG_CACHE_DIR
 export SGLANG_DG_CACHE_DIR=/tmp/dgcache DG_JIT_CACHE_DIR=/tmp/dgcache
 [ -f .gpu/carry/dgcache.tar.gz ] && mkdir -p /tmp/dgcache && tar xzf .gpu/carry/dgcache.tar.gz -C /tmp/dgcache
@@ -149,7 +151,7 @@ case "$1" in
       export SGLANG_GLM_FLASHMLA=1  # only the copy has the wheel to take it up
       plugin_flashmla || exit 1
     fi
-    limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" \
+    limit "${BENCH_TIMEOUT:-540}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
       --deadline-s $((${BENCH_TIMEOUT:-540} - 10)) --peer-site /tmp/site_peer \
       ${sides:+--plugin flashmla=/tmp/plugin_flashmla} \
       $(for r in ${PEER_RUNS:-indexcache:decode_b1,decode_b32,prefill_32k fp8_kv:decode_b1,decode_b32}; do
@@ -192,7 +194,7 @@ case "$1" in
       PYTHONPATH=/tmp/plugin_before:$PYTHONPATH python3 ../../kernels/bench_host_metadata.py \
         --out "$WORK/host_metadata_before.json"
       make_g > /dev/null
-      limit "${BENCH_TIMEOUT:-480}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" \
+      limit "${BENCH_TIMEOUT:-480}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-480} - 10)) --plugin before=/tmp/plugin_before \
         $(for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do echo --run $c@before:decode_b1,decode_b32 \
           --run $c:decode_b1,decode_b32; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
@@ -203,7 +205,7 @@ case "$1" in
         --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
         --out "$WORK/compare_topk.json"
       make_g > /dev/null
-      limit "${BENCH_TIMEOUT:-420}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" \
+      limit "${BENCH_TIMEOUT:-420}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-420} - 10)) --plugin before=/tmp/plugin_before \
         --run indexcache@before:decode_b1,decode_b8 --run indexcache:decode_b1,decode_b8; } 2>&1 | tee "$WORK/topk.log" ;;
   prefill)
@@ -211,21 +213,21 @@ case "$1" in
     { limit 320 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 3 \
         --plain prefill_graphs --headline eagle_3_4_prefill_graphs --configs eagle_3_4_prefill_graphs indexcache eagle_3_4
       make_g > /dev/null
-      limit 200 python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" --deadline-s 190 \
+      limit 200 "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" --deadline-s 190 \
         --run indexcache:prefill_4k,prefill_32k --run prefill_graphs:prefill_4k,prefill_32k; } 2>&1 \
       | tee "$WORK/prefill.log" ;;
   ingraph_mtp)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
-    limit "${BENCH_TIMEOUT:-540}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/models/glm5-geometry-carry --out "$WORK" \
+    limit "${BENCH_TIMEOUT:-540}" "${BENCH_GPU[@]}" --model /tmp/models/glm5-geometry-carry --out "$WORK" \
       --deadline-s 530 --plugin before=/tmp/plugin_before --run indexcache:text_b1,text_b8 \
       --run eagle_3_4@before:text_b1,text_b8,text_b1,text_b8 --run eagle_3_4:text_b1,text_b8,text_b1,text_b8 \
       2>&1 | tee "$WORK/ingraph_mtp.log" ;;
   tokenmap)
     make_g | tee "$WORK/tokenmap.log"
     W=${TOKENMAP_WORKLOADS:-decode_b1,decode_b32}
-    limit 500 python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
+    limit 500 "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" --deadline-s 490 \
       $(for c in ${TOKENMAP_CONFIGS:-indexcache eagle_3_4 eagle_3_4_token_map}; do echo --run "$c:$W"; done) \
       2>&1 | tee -a "$WORK/tokenmap.log" ;;
   flashmla)
@@ -239,7 +241,7 @@ case "$1" in
         python3 ../../kernels/bench_kernels.py --out-dir "$WORK/kernels" \
         --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
       make_g > /dev/null
-      limit "${BENCH_TIMEOUT:-400}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" \
+      limit "${BENCH_TIMEOUT:-400}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
         $(for r in ${FLASHMLA_RUNS:-indexcache:prefill_32k,decode_b32}; do
             echo --run "${r%%:*}@flashmla:${r#*:}" --run "${r%%:*}:${r#*:}"; done)
@@ -274,7 +276,7 @@ case "$1" in
           mkdir -p /tmp/plugin_$side/sglang_glm/$dir && rm -f /tmp/plugin_$side/sglang_glm/$dir/*.json
         done
         cp "$WORK/$dir"/*.json /tmp/plugin_$kind/sglang_glm/$dir/
-        limit "${BENCH_TIMEOUT:-260}" python3 bench_gpu.py --repeats "${REPEATS:-1}" --model /tmp/glm52 --out "$WORK" \
+        limit "${BENCH_TIMEOUT:-260}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
           --deadline-s $((${BENCH_TIMEOUT:-260} - 10)) --plugin $kind=/tmp/plugin_$kind --plugin no$kind=/tmp/plugin_no$kind \
           $(for r in $runs; do echo --run "${r%%:*}@$kind:${r#*:}" --run "${r%%:*}@no$kind:${r#*:}"; done) || worst=$?
         grep -h "block-FP8 GEMM\|fused MoE" "$WORK"/server_*.log | sort | uniq -c

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import requests
 
-from bench_gpu import HELDOUT, KEEP, WORKLOADS, bench_serving, configs, hardware, server_info, server_setup
+from bench_gpu import HELDOUT, KEEP, WORKLOADS, bench_serving, configs, hardware, median_of, server_info, server_setup
 from startup_breakdown import breakdown
 
 from sglang_glm_tools.serving_bench import BenchClient, server
@@ -218,23 +218,19 @@ def write_tables(rows: list[dict], out: Path, plain_name: str = PLAIN, headline:
     for r in rows:
         by.setdefault((r["config"], r["batch"]), []).append(r)
 
-    def med(xs):
-        xs = sorted(x for x in xs if x is not None)
-        return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
-
     shapes = {}
     for (name, batch), rs in sorted(by.items()):
         plain = by.get((plain_name, batch))
         if name == plain_name or plain is None:
             continue
-        p_tpot, m_tpot = med([r["median_tpot_ms"] for r in plain]), med([r["median_tpot_ms"] for r in rs])
+        p_tpot, m_tpot = median_of(plain, "median_tpot_ms"), median_of(rs, "median_tpot_ms")
         pairs = [a["median_tpot_ms"] / b["median_tpot_ms"] for a, b in zip(
             sorted(plain, key=lambda r: r.get("repeat", 0)), sorted(rs, key=lambda r: r.get("repeat", 0)))]
         shapes.setdefault(name, {})[str(batch)] = {
             "plain_tpot_ms": p_tpot, "mtp_tpot_ms": m_tpot, "speedup": round(p_tpot / m_tpot, 3),
             "speedup_range": [round(min(pairs), 3), round(max(pairs), 3)], "repeats": len(rs),
-            "plain_itl_ms": med([r["median_itl_ms"] for r in plain]), "mtp_itl_ms": med([r["median_itl_ms"] for r in rs]),
-            "accept_length": med([r["accept_length"] for r in rs])}
+            "plain_itl_ms": median_of(plain, "median_itl_ms"), "mtp_itl_ms": median_of(rs, "median_itl_ms"),
+            "accept_length": median_of(rs, "accept_length")}
     head = {"hardware": meta["hardware"], "model": meta["model_path"], "shape": "EAGLE 3 steps / topk 1 / 4 draft tokens",
             "config": headline, "plain": plain_name, "batch": shapes.get(headline, {})}
     (out / "mtp_speed.json").write_text(json.dumps(head, indent=1))
