@@ -62,6 +62,9 @@
 # - C: .gpu/models/*.tar.xz (the carry model).
 # - before/after modes (ingraph, ingraph_mtp, topk): .gpu/before_tree, a plugin tree, e.g.
 #   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.
+#   topk: HEAD's tree with only the select before fc17c9a, so the pair differs in that change alone:
+#   `git archive HEAD ... | tar x -C .gpu/before_tree && git show fc17c9a^:kernels/glm_dsa_kernels/topk_select.py \
+#   > .gpu/before_tree/kernels/glm_dsa_kernels/topk_select.py`.
 # - peer, flashmla: .gpu/peer/sgl_flash_mla-1.0.0-*.whl (9.9 MB; `pip download --no-deps sgl-flash-mla==1.0.0`,
 #   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-*.whl for SGLang's DeepGEMM
 #   indexer (else its torch fall-back): `bash scripts/build_deep_gemm.sh` builds one for the device's torch (4.3 MiB). Both wheels and .gpu

@@ -65,19 +65,21 @@ def generate_one(url, prompt, rid=None, stream=False):
 
 
 def dropped_stream(url, prompt, rid, abort: bool):
-    """A long streamed request left after 3 chunks: by closing the connection, or by /abort_request."""
+    """A long streamed request left after 3 chunks: by closing the connection, or by /abort_request.
+    -> (chunks read, the last chunk's meta_info)."""
     body = {"input_ids": prompt, "rid": rid, "stream": True,
             "sampling_params": {"temperature": 0, "max_new_tokens": LONG_TOKENS, "ignore_eos": True}}
-    chunks = 0
+    chunks, meta = 0, None
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as r:
         for line in r.iter_lines():
-            if line.startswith(b"data: "):
+            if line.startswith(b"data: ") and line != b"data: [DONE]":
                 chunks += 1
+                meta = json.loads(line[6:])["meta_info"]
                 if chunks == 3:
                     if not abort:
                         break  # the with-block closes the socket mid-stream
                     requests.post(f"{url}/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
-    return chunks
+    return chunks, meta
 
 
 @torch.no_grad()
@@ -123,14 +125,15 @@ def test_mtp_under_load_with_retraction_aborts_and_disconnects(models):
     retractions = sum(r["meta_info"].get("num_retractions", 0) for r in completed.values())
     record("mtp_load", completed=len(completed), identical=sum(p is None for p in partings.values()),
            partings={i: p for i, p in partings.items() if p}, retractions=retractions,
-           dropped_chunks={i: r for i, r in results.items() if i not in completed}, idle=idle, health=health)
+           dropped_chunks={i: r[0] for i, r in results.items() if i not in completed}, idle=idle, health=health)
     assert health == 200 and idle
     assert all(len(r["output_ids"]) == NEW_TOKENS for r in completed.values())
     far = {i: p for i, p in partings.items() if p and p[1] > MARGIN}
     assert not far, f"loaded requests parted from their single-request tokens above the margin: {far}"
     assert retractions > 0, "no request was retracted: the test does not exercise retraction"
-    # an aborted stream ends within a few rounds of /abort_request (session 18: 6-7 chunks); one that
-    # ran on would stream >= LONG_TOKENS / 4 chunks (at most 4 tokens a round)
-    aborted = {i: results[i] for i in range(CLIENTS) if kinds[i] == "abort"}
-    assert aborted and all(chunks < 50 for chunks in aborted.values()), aborted
+    # an aborted stream ends on the abort, long before its LONG_TOKENS. Chunks after /abort_request are
+    # recorded, not bounded: 6-7 alone on the GPU, 55 once with the suite's six other servers beside it
+    aborted = {i: results[i][1] for i in range(CLIENTS) if kinds[i] == "abort"}
+    assert aborted and all(m["finish_reason"]["type"] == "abort" and m["completion_tokens"] < LONG_TOKENS // 2
+                           for m in aborted.values()), aborted
     assert after == alone[first] or parting(path, prompts[first], alone[first], after)[1] <= MARGIN
