@@ -12,7 +12,8 @@
 # tokenmap     29     bench_gpu, G: EAGLE 3/4 with and without a 32768-id --speculative-token-map against plain
 #                     [GLM52_LAYERS, GLM52_EXPERTS (e.g. 40 and 64: a deep proxy), TOKENMAP_WORKLOADS, TOKENMAP_CONFIGS]
 # ingraph      29,31  before/after: bench_host_metadata, then bench_gpu, G, plain and EAGLE 3/4 decode b1/b32
-#                     [INGRAPH_CONFIGS]
+#                     [INGRAPH_CONFIGS, INGRAPH_WORKLOADS (default decode_b1,decode_b32); on an H100 a server
+#                     starts in ~96 s, so REPEATS=3 fits one config's pair in a 10-minute call]
 # ingraph_mtp  29     the same before/after, C, held-out text, batch 1/8
 # peer         30     bench_gpu + peer_report, G: SGLang's own GLM-DSA path (no plugin) against the plugin, one run
 #                     [PEER_RUNS="eagle_3_4:decode_b1,decode_b32 all_full:prefill_32k" (default: indexcache decode
@@ -199,8 +200,8 @@ case "$1" in
       make_g > /dev/null
       limit "${BENCH_TIMEOUT:-480}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
         --deadline-s $((${BENCH_TIMEOUT:-480} - 10)) --plugin before=/tmp/plugin_before \
-        $(for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do echo --run $c@before:decode_b1,decode_b32 \
-          --run $c:decode_b1,decode_b32; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
+        $(W=${INGRAPH_WORKLOADS:-decode_b1,decode_b32}; for c in ${INGRAPH_CONFIGS:-indexcache eagle_3_4}; do
+          echo --run $c@before:$W --run $c:$W; done); } 2>&1 | tee "$WORK/ingraph.log" ;;
   topk)
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
