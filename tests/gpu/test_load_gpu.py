@@ -49,6 +49,13 @@ def wait_idle(url, timeout=60.0) -> bool:
     return False
 
 
+def stream_chunks(response):
+    """The JSON chunks of a streamed /generate response, in order."""
+    for line in response.iter_lines():
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            yield json.loads(line[6:])
+
+
 def generate_one(url, prompt, rid=None, stream=False):
     body = {"input_ids": prompt, "sampling_params": GREEDY, "stream": stream, **({"rid": rid} if rid else {})}
     if not stream:
@@ -58,9 +65,8 @@ def generate_one(url, prompt, rid=None, stream=False):
     last = None
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                last = json.loads(line[6:])
+        for last in stream_chunks(r):
+            pass
     return last
 
 
@@ -71,14 +77,11 @@ def dropped_stream(url, prompt, rid, abort: bool):
             "sampling_params": {"temperature": 0, "max_new_tokens": LONG_TOKENS, "ignore_eos": True}}
     chunks, last = 0, None
     with requests.post(f"{url}/generate", json=body, stream=True, timeout=600) as r:
-        for line in r.iter_lines():
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                chunks += 1
-                last = json.loads(line[6:])
-                if chunks == 3:
-                    if not abort:
-                        break  # the with-block closes the socket mid-stream
-                    requests.post(f"{url}/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
+        for chunks, last in enumerate(stream_chunks(r), 1):
+            if chunks == 3:
+                if not abort:
+                    break  # the with-block closes the socket mid-stream
+                requests.post(f"{url}/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
     return chunks, last
 
 
