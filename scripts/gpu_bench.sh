@@ -41,7 +41,8 @@
 #                     shape, each checked against float64) [FLASHMLA_KERNELS=0 skips them], then G served with
 #                     FlashMLA (@flashmla) and without [FLASHMLA_RUNS="indexcache:prefill_32k,decode_b32": at
 #                     G's 64 heads the table gives FlashMLA BF16 prefill chunks (TTFT) and FP8 batches of
-#                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton]
+#                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton;
+#                     FLASHMLA_SERVE=0 runs the kernel tables alone]
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31,30  before/after of the top-k select: compare_versions on 1 and 8 rows and a 16K-query prefill
 #                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select); then G plain decode b1/b8
@@ -244,12 +245,13 @@ case "$1" in
     { [ "${FLASHMLA_KERNELS:-1}" = 1 ] && PYTHONPATH=/tmp/plugin_flashmla:/tmp/site_dg:$PYTHONPATH limit 210 \
         python3 ../../kernels/bench_kernels.py --out-dir "$WORK/kernels" \
         --skip check,decode,indexer,prefill-indexer,indexcache,sglang-prefill
-      make_g > /dev/null
-      limit "${BENCH_TIMEOUT:-400}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
-        --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
-        $(for r in ${FLASHMLA_RUNS:-indexcache:prefill_32k,decode_b32}; do
-            echo --run "${r%%:*}@flashmla:${r#*:}" --run "${r%%:*}:${r#*:}"; done)
-      grep -h "sparse MLA on" "$WORK"/server_*.log; } 2>&1 | tee "$WORK/flashmla.log" ;;
+      # FLASHMLA_SERVE=0: the kernel tables alone
+      [ "${FLASHMLA_SERVE:-1}" = 1 ] && { make_g > /dev/null
+        limit "${BENCH_TIMEOUT:-400}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
+          --deadline-s $((${BENCH_TIMEOUT:-400} - 10)) --plugin flashmla=/tmp/plugin_flashmla \
+          $(for r in ${FLASHMLA_RUNS:-indexcache:prefill_32k,decode_b32}; do
+              echo --run "${r%%:*}@flashmla:${r#*:}" --run "${r%%:*}:${r#*:}"; done)
+        grep -h "sparse MLA on" "$WORK"/server_*.log; }; } 2>&1 | tee "$WORK/flashmla.log" ;;
   gemm|moe)
     # tune SGLang's block-FP8 GEMM (gemm) or its fused MoE kernel (moe) for the GLM-5.2-shaped model, then
     # serve one copy of the tree with the configs (@gemm / @moe) and one with none (@nogemm / @nomoe)
