@@ -44,8 +44,10 @@
 #                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton;
 #                     FLASHMLA_SERVE=0 runs the kernel tables alone]
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
-# topk         31,30  before/after of the top-k select: compare_versions on 1 and 8 rows and a 16K-query prefill
-#                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select); then G plain decode b1/b8
+# topk         31,30  before/after of the top-k select: compare_versions on 1, 8 and 32 rows and a 16K-query prefill
+#                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select) and this tree's select
+#                     with short rows in registers (small_row 4096 / 8192, off by default); then G plain decode b1/b8
+#                     [TOPK_SERVE=0: the kernels alone]
 # gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
 #                     the configs (@gemm) and without (@nogemm)
 # moe          29,31  tune_fused_moe.py on G's routed experts [MOE_TP, MOE_M=1,4,32,128,8,16,64], then G plain
@@ -207,12 +209,14 @@ case "$1" in
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     { python3 ../../kernels/compare_versions.py --pkg before=/tmp/plugin_before/glm_dsa_kernels \
-        --pkg after=../../../kernels/glm_dsa_kernels --problems topk:1:4096:202752,topk:8:4096:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
+        --pkg after=../../../kernels/glm_dsa_kernels --pkg small4k=../../../kernels/glm_dsa_kernels@small_row=4096 \
+        --pkg small8k=../../../kernels/glm_dsa_kernels@small_row=8192 --problems topk:1:4096:202752,topk:8:4096:202752,topk:32:4096:202752,topk:1:32768:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
         --out "$WORK/compare_topk.json"
-      make_g > /dev/null
-      limit "${BENCH_TIMEOUT:-420}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
-        --deadline-s $((${BENCH_TIMEOUT:-420} - 10)) --plugin before=/tmp/plugin_before \
-        --run indexcache@before:decode_b1,decode_b8 --run indexcache:decode_b1,decode_b8; } 2>&1 | tee "$WORK/topk.log" ;;
+      # TOPK_SERVE=0: the kernel comparison alone
+      [ "${TOPK_SERVE:-1}" = 1 ] && { make_g > /dev/null
+        limit "${BENCH_TIMEOUT:-420}" "${BENCH_GPU[@]}" --model /tmp/glm52 --out "$WORK" \
+          --deadline-s $((${BENCH_TIMEOUT:-420} - 10)) --plugin before=/tmp/plugin_before \
+          --run indexcache@before:decode_b1,decode_b8 --run indexcache:decode_b1,decode_b8; }; } 2>&1 | tee "$WORK/topk.log" ;;
   prefill)
     mkdir -p /tmp/models && for m in ../../../.gpu/models/*.tar.xz; do tar xJf "$m" -C /tmp/models; done
     { limit 320 python3 bench_mtp.py --model /tmp/models/glm5-geometry-carry --out "$WORK" --repeats 3 \

@@ -3,7 +3,8 @@ GPU run (kernel variants that are not launch shapes: a different schedule, barri
 each checked first (sparse MLA against float64, the top-k exactly against its reference). Copies
 are made with
   git archive REV kernels/glm_dsa_kernels | tar x -C DIR --strip-components=2
-or by editing a copy; the run's log names what each copy changes.
+or by editing a copy; the run's log names what each copy changes. A copy may also be one package with
+top-k keywords (`NAME=DIR@small_row=4096`, for a choice that is a launch argument, not another copy).
 
   python3 benchmarks/kernels/compare_versions.py --pkg a=DIR_A --pkg b=DIR_B \
       [--problems bf16:64:64,bf16:256:64,bf16:4096:64,topk:1:4096:202752] [--out results.json]
@@ -47,13 +48,18 @@ def topk_inputs(fmt: str, *dims: int, device: str = "cuda") -> tuple[torch.Tenso
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pkg", action="append", required=True, help="NAME=DIR of a package copy (repeat)")
+    ap.add_argument("--pkg", action="append", required=True,
+                    help="NAME=DIR[@KEY=INT,...] of a package copy, with topk_positions keywords (repeat)")
     ap.add_argument("--problems", default="bf16:64:64,bf16:256:64,bf16:4096:64",
                     help="fmt:T:H, topk:T:KEYS:WIDTH or topkp:T:KEYS, comma list")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    copies = [(n, *load_previous(Path(d), "sparse_mla", "topk_select", name=n))
-              for n, d in (p.split("=", 1) for p in args.pkg)]
+    copies, topk_kw = [], {}
+    for spec in args.pkg:
+        name, rest = spec.split("=", 1)
+        folder, _, kw = rest.partition("@")
+        copies.append((name, *load_previous(Path(folder), "sparse_mla", "topk_select", name=name)))
+        topk_kw[name] = {k: int(v) for k, v in (item.split("=") for item in filter(None, kw.split(",")))}
     bw, peak = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, matmul {peak / 1e12:.0f} TFLOP/s", flush=True)
     kv_bf16 = torch.randn(1 << 20, 576, device="cuda", dtype=torch.bfloat16)
@@ -66,10 +72,10 @@ def main():
             logits, key_limit = topk_inputs(fmt, *map(int, dims))
             ref = copies[0][2].topk_positions_ref(logits, key_limit, 2048)
             for name, _, mod in copies:
-                if not torch.equal(mod.topk_positions(logits, key_limit, 2048), ref):
+                if not torch.equal(mod.topk_positions(logits, key_limit, 2048, **topk_kw[name]), ref):
                     line.append(f"{name} WRONG (not the reference's top-k)")
                     continue
-                t = bench(lambda: mod.topk_positions(logits, key_limit, 2048), rep=50)
+                t = bench(lambda: mod.topk_positions(logits, key_limit, 2048, **topk_kw[name]), rep=50)
                 results.append(dict(problem=problem, copy=name, us=t * 1e6))
                 base = next(r["us"] for r in results if r["problem"] == problem)
                 line.append(f"{name} {t * 1e6:.1f}us ({base / (t * 1e6):.2f}x)")

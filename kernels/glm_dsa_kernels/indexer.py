@@ -57,6 +57,7 @@ class IndexerConfig:
     topk_block: int = 4096  # keys per step of that program
     topk_select_block: int = 2048  # candidates per step of the per-row top-k select
     topk_sample: int = 4096  # keys per row in the sample placing the top-k candidate bound
+    topk_small_row: int = 0  # rows of at most this many keys: top-k selected in registers (topk_select.SMALL_ROW)
     q_terms: int = 0  # FP8 keys: 0 = fp16 dot (keys converted), 1 or 2 = e4m3 dot on q's e4m3 terms
 
 
@@ -343,7 +344,8 @@ def indexer_topk(
         lg = logits[: t1 - t0]
         indexer_logits(q[t0:t1], weights[t0:t1], k_cache, page_table, query_req[t0:t1], key_limit[t0:t1], lg, config)
         topk_positions(lg, key_limit[t0:t1], topk, out=out[t0:t1], chunk=config.topk_chunk, block=config.topk_block,
-                       select_block=config.topk_select_block, sample=config.topk_sample)
+                       select_block=config.topk_select_block, sample=config.topk_sample,
+                       small_row=config.topk_small_row)
     return out
 
 

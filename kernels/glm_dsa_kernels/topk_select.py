@@ -5,7 +5,10 @@ topk highest scores; equal scores -> the lower position wins. The kept positions
 ASCENDING POSITION order, padded with -1 when key_limit[t] < topk. (Sparse attention does not
 care about order; position order makes the result unique and cheap to write.)
 
-Scores are compared as uint32 keys (`_ordered_key`). Three launches:
+Scores are compared as uint32 keys (`_ordered_key`). Three launches; with `small_row`, a row of at
+most that many keys (a decode at a short context, the first queries of a prompt) is selected by the
+third alone, from registers, the first two skipping it. Off by default until a GPU run has timed it:
+at a batch-1 decode step at 4K the three launches took ~42 us a full layer (session 35's H100 profile).
   1. `_sample_bound_kernel`, one program per row: an evenly strided sample of 4096 keys gives
      `bound`, a key a few standard deviations below where the k-th key is expected (the sample's
      two leading digits, by histogram); about 1.6-1.9 x topk keys of a 64K-128K row are >= bound.
@@ -24,6 +27,7 @@ import triton
 import triton.language as tl
 
 SAMPLE = 4096  # keys per row in the sample that places the candidate bound
+SMALL_ROW = 0  # rows of at most this many keys (a power of 2; 0: none) are selected in registers
 
 
 @triton.jit
@@ -52,9 +56,16 @@ def _pick_digit(hist, remaining):
 
 
 @triton.jit
-def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, SAMPLE: tl.constexpr):
+def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, SAMPLE: tl.constexpr,
+                         SMALL_ROW: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
+    if n > SMALL_ROW:
+        _store_sample_bound(logits_ptr, bound_ptr, stride_lt, topk, t, n, SAMPLE)
+
+
+@triton.jit
+def _store_sample_bound(logits_ptr, bound_ptr, stride_lt, topk, t, n, SAMPLE: tl.constexpr):
     stride = tl.maximum(tl.cdiv(n, SAMPLE), 1)
     i = tl.arange(0, SAMPLE)
     sampled = i * stride < n
@@ -71,10 +82,12 @@ def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, 
 
 @triton.jit(do_not_specialize=["num_chunks"])  # the row width varies per batch
 def _candidates_kernel(logits_ptr, key_limit_ptr, bound_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr,
-                       stride_lt, stride_ct, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                       stride_lt, stride_ct, num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                       SMALL_ROW: tl.constexpr):
     c = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
+    n = tl.where(n > SMALL_ROW, n, 0)  # a small row is the select's alone
     bound = tl.load(bound_ptr + t).to(tl.uint32, bitcast=True)
     row = logits_ptr + t.to(tl.int64) * stride_lt
     stretch = t.to(tl.int64) * stride_ct + c * CHUNK
@@ -118,10 +131,55 @@ def _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, len
 @triton.jit(do_not_specialize=["num_chunks"])
 def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr, out_ptr,
                    stride_lt, stride_ct, stride_ot, topk, num_chunks,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, SMALL_ROW: tl.constexpr,
+                   SMALL_BLOCK: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
     row = logits_ptr + t.to(tl.int64) * stride_lt
+    out_row = out_ptr + t.to(tl.int64) * stride_ot
+    if n <= SMALL_ROW:
+        _select_small_row(row, out_row, n, topk, SMALL_BLOCK)
+    else:
+        _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
+                                num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
+    for j0 in range(tl.minimum(n, topk), topk, BLOCK):
+        pos = j0 + tl.arange(0, BLOCK)
+        tl.store(out_row + pos, tl.full([BLOCK], -1, tl.int32), mask=pos < topk)
+
+
+@triton.jit
+def _take_in_order(out_row, key, pos, ok, thr, remaining, ties_seen, written):
+    """Of one block of keys in position order: those above thr, then ties of thr while fewer than
+    `remaining` were taken before, written after `written` -> (ties_seen, written) after the block."""
+    tie = ok & (key == thr)
+    tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), 0) - 1
+    take = (ok & (key > thr)) | (tie & (tie_rank < remaining))
+    tl.store(out_row + written + tl.cumsum(take.to(tl.int32), 0) - 1, pos, mask=take)
+    return ties_seen + tl.sum(tie.to(tl.int32), 0), written + tl.sum(take.to(tl.int32), 0)
+
+
+@triton.jit
+def _select_small_row(row, out_row, n, topk, SMALL_BLOCK: tl.constexpr):
+    """The row's n <= SMALL_BLOCK keys held in registers: radix select on them, then the ordered write."""
+    pos = tl.arange(0, SMALL_BLOCK)
+    ok = pos < n
+    key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
+    thr = tl.zeros([], tl.uint32)
+    remaining = tl.zeros([], tl.int32) + topk
+    if n > topk:
+        prefix_mask = tl.zeros([], tl.uint32)
+        for p in tl.static_range(4):
+            hist = _masked_histogram((key >> (24 - 8 * p)) & 255, ok & ((key & prefix_mask) == thr))
+            d, remaining = _pick_digit(hist, remaining)
+            thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
+            prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << (24 - 8 * p))
+    zero = tl.zeros([], tl.int32)
+    _take_in_order(out_row, key, pos, ok, thr, remaining, zero, zero)
+
+
+@triton.jit
+def _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
+                            num_chunks, CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr):
     cand_key = cand_key_ptr + t.to(tl.int64) * stride_ct
     cand_pos = cand_pos_ptr + t.to(tl.int64) * stride_ct
     num_cand = num_cand_ptr + t.to(tl.int64) * num_chunks
@@ -147,22 +205,12 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
             thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
             prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << (24 - 8 * p))
     # one walk over the candidates in position order: keys above thr, then the first `remaining` ties
-    out_row = out_ptr + t.to(tl.int64) * stride_ot
     written = tl.zeros([], tl.int32)
     ties_seen = tl.zeros([], tl.int32)
     for j0 in range(0, length, BLOCK):
         i = j0 + tl.arange(0, BLOCK)
         key, pos = _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, length, whole_row, CHUNK)
-        ok = i < length
-        tie = ok & (key == thr)
-        tie_rank = ties_seen + tl.cumsum(tie.to(tl.int32), 0) - 1
-        take = (ok & (key > thr)) | (tie & (tie_rank < remaining))
-        tl.store(out_row + written + tl.cumsum(take.to(tl.int32), 0) - 1, pos, mask=take)
-        written += tl.sum(take.to(tl.int32), 0)
-        ties_seen += tl.sum(tie.to(tl.int32), 0)
-    for j0 in range(tl.minimum(n, topk), topk, BLOCK):
-        pos = j0 + tl.arange(0, BLOCK)
-        tl.store(out_row + pos, tl.full([BLOCK], -1, tl.int32), mask=pos < topk)
+        ties_seen, written = _take_in_order(out_row, key, pos, i < length, thr, remaining, ties_seen, written)
 
 
 def topk_positions(
@@ -174,11 +222,13 @@ def topk_positions(
     block: int = 4096,
     select_block: int = 2048,
     sample: int = SAMPLE,
+    small_row: int = SMALL_ROW,
 ) -> torch.Tensor:
     """logits [T, >= max key_limit] fp32, key_limit [T] int32 -> positions [T, topk] int32.
 
     chunk/block: keys per program and per loop step of the whole-row launch; select_block: the
-    per-row select's step; sample: keys in the bound's sample (a power of 2). Workspace: two int32
+    per-row select's step; sample: keys in the bound's sample (a power of 2); small_row: rows of at most
+    this many keys (a power of 2, or 0 for none) are selected in registers by one launch. Workspace: two int32
     per logit (candidate keys and positions)."""
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     assert key_limit.dtype == torch.int32 and key_limit.shape == (logits.shape[0],)
@@ -186,6 +236,7 @@ def topk_positions(
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
     assert out.shape == (T, topk) and out.stride(-1) == 1
+    assert small_row & (small_row - 1) == 0, f"small_row={small_row}: a power of 2, or 0"
     if T == 0:
         return out
     block = min(chunk, block)
@@ -194,15 +245,17 @@ def topk_positions(
     cand_key = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     cand_pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     num_cand = torch.empty(T, num_chunks, dtype=torch.int32, device=logits.device)
-    _sample_bound_kernel[(T,)](logits, key_limit, bound, logits.stride(0), topk, SAMPLE=sample, num_warps=8)
+    _sample_bound_kernel[(T,)](logits, key_limit, bound, logits.stride(0), topk, SAMPLE=sample, SMALL_ROW=small_row,
+                               num_warps=8)
     _candidates_kernel[(num_chunks, T)](
         logits, key_limit, bound, cand_key, cand_pos, num_cand, logits.stride(0), cand_key.stride(0), num_chunks,
-        CHUNK=chunk, BLOCK=block, num_warps=max(4, min(8, block // 512)),
+        CHUNK=chunk, BLOCK=block, SMALL_ROW=small_row, num_warps=max(4, min(8, block // 512)),
     )
     _select_kernel[(T,)](
         logits, key_limit, cand_key, cand_pos, num_cand, out, logits.stride(0), cand_key.stride(0), out.stride(0),
         topk, num_chunks, CHUNK=chunk, BLOCK=select_block, MAX_CHUNKS=triton.next_power_of_2(num_chunks),
-        num_warps=max(4, min(8, select_block // 256)),
+        SMALL_ROW=small_row, SMALL_BLOCK=max(small_row, 16),
+        num_warps=max(4, min(8, max(select_block, small_row) // 256)),
     )
     return out
 

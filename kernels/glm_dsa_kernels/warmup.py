@@ -113,11 +113,13 @@ def warm_up(shapes: WarmUpShapes, index_k_cache: torch.Tensor, mla_rows: torch.T
         indexer.indexer_topk(q, zeros(t, indexer.N_HEADS, dtype=torch.float32), index_k_cache,
                              zeros(requests, pages), query_req, key_limit, shapes.topk, config=config)
         launches += 1
-    for chunk, block, select_block, sample in {(c.topk_chunk, c.topk_block, c.topk_select_block, c.topk_sample)
-                                               for c in configs}:
+    for chunk, block, select_block, sample, small_row in {
+        (c.topk_chunk, c.topk_block, c.topk_select_block, c.topk_sample, c.topk_small_row) for c in configs
+    }:
         for width in topk_widths(shapes.max_keys, chunk):
             topk_positions(zeros(1, width, dtype=torch.float32), torch.full((1,), width, dtype=torch.int32, device=dev),
-                           shapes.topk, chunk=chunk, block=block, select_block=select_block, sample=sample)
+                           shapes.topk, chunk=chunk, block=block, select_block=select_block, sample=sample,
+                           small_row=small_row)
             launches += 1
     positions_to_pool_rows(zeros(1, shapes.topk), req_to_token, zeros(1))
     launches += 1

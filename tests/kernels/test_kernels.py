@@ -333,8 +333,11 @@ def test_indexer_default_config_blocks_prefill_only():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("chunk,block,sample", [(1024, 1024, 1024), (2048, 512, 256)])
-def test_topk_select_ties(device, chunk, block, sample):
+@pytest.mark.parametrize("chunk,block,sample,small_row", [(1024, 1024, 1024, 256), (2048, 512, 256, 256),
+                                                          (1024, 1024, 1024, 4096)])
+def test_topk_select_ties(device, chunk, block, sample, small_row):
+    """The reference's positions exactly, through the staged path (rows over small_row keys) and
+    from registers (the rest)."""
     dev = _dev(device)
     W = 20000 if device == "cuda" else 3000
     logits = torch.randn(8, W, device=dev)
@@ -347,12 +350,14 @@ def test_topk_select_ties(device, chunk, block, sample):
     logits[7] = -1.0  # every sampled key is high: too few candidates, the row is walked whole
     logits[7, ::stride] = 5.0 + torch.rand(logits[7, ::stride].shape, device=dev)
     key_limit = torch.tensor([W, W - 7, 2049, W // 2, 17, 300, W, W], dtype=torch.int32, device=dev)
-    got = topk_positions(logits, key_limit, 300, chunk=chunk, block=block, select_block=256, sample=sample)
+    got = topk_positions(logits, key_limit, 300, chunk=chunk, block=block, select_block=256, sample=sample,
+                         small_row=small_row)
     assert torch.equal(got.cpu(), topk_positions_ref(logits.cpu(), key_limit.cpu(), 300))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_topk_select_short_rows_in_wide_logits(device, monkeypatch):
+@pytest.mark.parametrize("small_row", [None, 512])
+def test_topk_select_short_rows_in_wide_logits(device, small_row, monkeypatch):
     """Decode graphs size the logits for the longest context: rows well under one chunk, and just over,
     keep exactly the reference's top-k with garbage past their keys, and the select reads no chunk
     past a row's keys (those chunks' counts and stretches poisoned after the candidates launch)."""
@@ -362,7 +367,9 @@ def test_topk_select_short_rows_in_wide_logits(device, monkeypatch):
     torch.manual_seed(11)
     W, chunk, topk = (202752, 8192, 2048) if device == "cuda" else (5157, 1024, 300)
     kw = {} if device == "cuda" else dict(chunk=chunk, block=512, select_block=256, sample=256)
+    kw.update({"small_row": small_row} if small_row else {})
     lengths = [0, 17, topk, topk + 1, chunk // 2, chunk, chunk + 1, chunk + chunk // 8, W]
+    lengths += [n for n in (small_row or topk_select.SMALL_ROW, (small_row or topk_select.SMALL_ROW) + 1) if n <= W]
     logits = torch.randn(len(lengths), W, device=dev)
     for t, n in enumerate(lengths):
         logits[t, n:] = float("inf") if t % 2 else 3e38
