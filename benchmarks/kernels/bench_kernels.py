@@ -2,7 +2,8 @@
 against the roofline (both ceilings measured in this run) and against SGLang 0.5.23's Triton
 sparse-MLA kernels (imported from the installed SGLang) and, where `sgl-flash-mla` is installed,
 FlashMLA's SM90 sparse kernels (the `peers` section, issue 30) and, where `sgl-deep-gemm` is
-installed, DeepGEMM's indexer logits (the `deepgemm` section; not yet run).
+installed, DeepGEMM's indexer logits (the `deepgemm` section; first run in session 35 on an H100:
+benchmarks/kernels/logs/session35_h100_peers/).
 
   pip install -e .   # glm_dsa_kernels, from kernels/glm_dsa_kernels/
   python3 benchmarks/kernels/bench_kernels.py --out-dir OUT   (launch shapes: sweep.py)
