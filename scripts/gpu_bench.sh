@@ -43,6 +43,8 @@
 #                     G's 64 heads the table gives FlashMLA BF16 prefill chunks (TTFT) and FP8 batches of
 #                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton;
 #                     FLASHMLA_SERVE=0 runs the kernel tables alone]
+# decode_shapes 30,31 bench_small_batch --decode-shapes: the indexer's decode logits by keys per program and the
+#                     top-k select with small_row, batch 1-64 at 4K and 32K in the decode graphs' width
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31,30  before/after of the top-k select: compare_versions on 1, 8 and 32 rows and a 16K-query prefill
 #                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select) and this tree's select
@@ -298,6 +300,9 @@ case "$1" in
       make_g > /dev/null
       limit 200 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --config indexcache --batch 1 \
         --context 4096 --steps 8 --eager --label decode_eager_stack; } 2>&1 | tee "$WORK/glue.log" ;;
+  decode_shapes)
+    limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_small_batch.py --decode-shapes \
+      --out "$WORK/decode_shapes.json" 2>&1 | tee "$WORK/decode_shapes.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;
@@ -305,6 +310,6 @@ case "$1" in
     make_g > /dev/null
     limit "${BENCH_TIMEOUT:-540}" python3 cold_start.py --model /tmp/glm52 --out "$WORK" --restart 2>&1 \
       | tee "$WORK/cold_start.log" ;;
-  *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|glue|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|indexer|gemm|moe|cold" >&2; exit 2 ;;
+  *) echo "usage: $0 shapes|rounds|overlap|peer|peer_profile|glue|ingraph|topk|prefill|ingraph_mtp|tokenmap|flashmla|decode_shapes|indexer|gemm|moe|cold" >&2; exit 2 ;;
 esac
 exit $?

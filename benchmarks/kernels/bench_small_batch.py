@@ -6,6 +6,11 @@ the indexer's first 4096 keys of a query as 1 program, on 132 SMs. The new defau
 median of CUDA-graph replays with L2 evicted (`bench_kernels.bench`); each row's ratio is old / new.
 
     python3 benchmarks/kernels/bench_small_batch.py --out benchmarks/kernels/logs/small_batch.json
+
+`--decode-shapes` times instead what session 35's tables left open: the indexer's decode logits by keys per
+program (DeepGEMM's ran 4x faster at batch 32 x 4K, where the default gives 32 programs) and the top-k select
+with short rows in registers (`small_row`), at batch 1-64 on 4K and 32K contexts in the decode graphs'
+202,752-key width; every variant is checked against the default's output first.
 """
 
 import argparse
@@ -52,13 +57,50 @@ def indexer_rows():
                "old": f"{OLD_INDEXER.keys_per_program} keys/program", "new": f"{new.keys_per_program} keys/program"}
 
 
+def decode_shape_rows(width=202752):
+    """Per (batch, context): indexer logits at each keys-per-program against the default, then the top-k
+    select of those logits with each small_row against the default (0: off); old = the default."""
+    from glm_dsa_kernels.topk_select import topk_positions
+
+    for B, keys in ((1, 4096), (8, 4096), (32, 4096), (64, 4096), (1, 32768), (32, 32768)):
+        q, w, k_cache, page_table, query_req, key_limit = decode_indexer_inputs(B, keys)
+        page_table = torch.nn.functional.pad(page_table, (0, (width - keys) // 64))
+        default = indexer.default_config(B)
+        logits = torch.full((B, width), float("-inf"), device="cuda")
+
+        def score(config):
+            return indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=config)
+
+        score(default)
+        want = logits.clone()
+        base = bench(lambda: score(default))
+        for kpp in (256, 512, 1024, 2048, 4096):
+            cfg = IndexerConfig(keys_per_program=kpp)
+            logits.fill_(float("nan"))  # a variant that leaves keys unscored cannot match
+            score(cfg)
+            same = torch.equal(logits[:, :keys], want[:, :keys])
+            t = bench(lambda: score(cfg))
+            yield {"kernel": "indexer logits fp8", "tokens": B, "keys": keys, "width": width, "old_us": base * 1e6,
+                   "new_us": t * 1e6, "old": f"default, {default.keys_per_program} keys/program",
+                   "new": f"{kpp} keys/program", "same_output": same}
+        positions = topk_positions(want, key_limit, TOPK)
+        base = bench(lambda: topk_positions(want, key_limit, TOPK))
+        for small_row in (4096, 8192):
+            same = torch.equal(topk_positions(want, key_limit, TOPK, small_row=small_row), positions)
+            t = bench(lambda: topk_positions(want, key_limit, TOPK, small_row=small_row))
+            yield {"kernel": "top-k select", "tokens": B, "keys": keys, "width": width, "old_us": base * 1e6,
+                   "new_us": t * 1e6, "old": "default (small_row 0)", "new": f"small_row {small_row}",
+                   "same_output": same}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--decode-shapes", action="store_true", help="the indexer's decode launch shapes and small_row")
     args = ap.parse_args()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for row in [*mla_rows(num_sms), *indexer_rows()]:
+    for row in decode_shape_rows() if args.decode_shapes else [*mla_rows(num_sms), *indexer_rows()]:
         row["speedup"] = row["old_us"] / row["new_us"]
         rows.append(row)
         print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
