@@ -60,7 +60,10 @@ def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, 
                          SMALL_ROW: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
-    if n > SMALL_ROW:
+    # SMALL_ROW 0 compiles the path without the register branch (the default until timed on a GPU)
+    if SMALL_ROW == 0:
+        _store_sample_bound(logits_ptr, bound_ptr, stride_lt, topk, t, n, SAMPLE)
+    elif n > SMALL_ROW:
         _store_sample_bound(logits_ptr, bound_ptr, stride_lt, topk, t, n, SAMPLE)
 
 
@@ -87,7 +90,8 @@ def _candidates_kernel(logits_ptr, key_limit_ptr, bound_ptr, cand_key_ptr, cand_
     c = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
-    n = tl.where(n > SMALL_ROW, n, 0)  # a small row is the select's alone
+    if SMALL_ROW > 0:
+        n = tl.where(n > SMALL_ROW, n, 0)  # a small row is the select's alone
     bound = tl.load(bound_ptr + t).to(tl.uint32, bitcast=True)
     row = logits_ptr + t.to(tl.int64) * stride_lt
     stretch = t.to(tl.int64) * stride_ct + c * CHUNK
@@ -131,14 +135,16 @@ def _row_or_candidates(row, cand_key, cand_pos, num_cand, used_chunks, i, n, len
 @triton.jit(do_not_specialize=["num_chunks"])
 def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_cand_ptr, out_ptr,
                    stride_lt, stride_ct, stride_ot, topk, num_chunks,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, SMALL_ROW: tl.constexpr,
-                   SMALL_BLOCK: tl.constexpr):
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, SMALL_ROW: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
     row = logits_ptr + t.to(tl.int64) * stride_lt
     out_row = out_ptr + t.to(tl.int64) * stride_ot
-    if n <= SMALL_ROW:
-        _select_small_row(row, out_row, n, topk, SMALL_BLOCK)
+    if SMALL_ROW == 0:
+        _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
+                                num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
+    elif n <= SMALL_ROW:
+        _select_small_row(row, out_row, n, topk, SMALL_ROW)
     else:
         _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
                                 num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
@@ -159,9 +165,9 @@ def _take_in_order(out_row, key, pos, ok, thr, remaining, ties_seen, written):
 
 
 @triton.jit
-def _select_small_row(row, out_row, n, topk, SMALL_BLOCK: tl.constexpr):
-    """The row's n <= SMALL_BLOCK keys held in registers: radix select on them, then the ordered write."""
-    pos = tl.arange(0, SMALL_BLOCK)
+def _select_small_row(row, out_row, n, topk, SMALL_ROW: tl.constexpr):
+    """The row's n <= SMALL_ROW keys held in registers: radix select on them, then the ordered write."""
+    pos = tl.arange(0, SMALL_ROW)
     ok = pos < n
     key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
     thr = tl.zeros([], tl.uint32)
@@ -236,7 +242,8 @@ def topk_positions(
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=logits.device)
     assert out.shape == (T, topk) and out.stride(-1) == 1
-    assert small_row & (small_row - 1) == 0, f"small_row={small_row}: a power of 2, or 0"
+    assert small_row == 0 or (small_row >= 16 and small_row & (small_row - 1) == 0), \
+        f"small_row={small_row}: a power of 2 from 16, or 0 (off)"
     if T == 0:
         return out
     block = min(chunk, block)
@@ -254,8 +261,7 @@ def topk_positions(
     _select_kernel[(T,)](
         logits, key_limit, cand_key, cand_pos, num_cand, out, logits.stride(0), cand_key.stride(0), out.stride(0),
         topk, num_chunks, CHUNK=chunk, BLOCK=select_block, MAX_CHUNKS=triton.next_power_of_2(num_chunks),
-        SMALL_ROW=small_row, SMALL_BLOCK=max(small_row, 16),
-        num_warps=max(4, min(8, max(select_block, small_row) // 256)),
+        SMALL_ROW=small_row, num_warps=max(4, min(8, max(select_block, small_row) // 256)),
     )
     return out
 
