@@ -523,7 +523,8 @@ def topk_recall(got, ref, key_limit, topk=2048):
 
 def deepgemm_tables(ceil):
     """The plugin's indexer-logits kernels against DeepGEMM's (what SGLang's DSA indexer calls on Hopper;
-    `scripts/build_deep_gemm.sh` builds the sgl-project fork for the device's torch): same keys (the plugin's FP8 pages), same timer. DeepGEMM takes q in e4m3
+    `scripts/build_deep_gemm.sh` builds the sgl-project fork for the device's torch): same keys (the
+    plugin's FP8 pages), same timer. DeepGEMM takes q in e4m3
     (quantized here per head, scale into the weights, as SGLang does); the plugin's default takes it in
     bf16 (fp16 dot, keys converted), its q_terms variants as one or two e4m3 terms (an e4m3 dot on the
     keys' codes). All are checked against the float64 reference first, by logits error and top-2048

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 SAMPLE = 4096  # keys per row in the sample that places the candidate bound
-SMALL_ROW = 0  # rows of at most this many keys (a power of 2; 0: none) are selected in registers
+SMALL_ROW = 0  # rows of at most this many keys (a power of 2 from 16; 0: none) are selected in registers
 
 
 @triton.jit
@@ -140,7 +140,7 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
     n = tl.load(key_limit_ptr + t)
     row = logits_ptr + t.to(tl.int64) * stride_lt
     out_row = out_ptr + t.to(tl.int64) * stride_ot
-    if SMALL_ROW == 0:
+    if SMALL_ROW == 0:  # a constexpr branch: the register path is compiled only when asked for
         _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
                                 num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
     elif n <= SMALL_ROW:
@@ -234,8 +234,8 @@ def topk_positions(
 
     chunk/block: keys per program and per loop step of the whole-row launch; select_block: the
     per-row select's step; sample: keys in the bound's sample (a power of 2); small_row: rows of at most
-    this many keys (a power of 2, or 0 for none) are selected in registers by one launch. Workspace: two int32
-    per logit (candidate keys and positions)."""
+    this many keys (a power of 2 from 16, or 0 for none) are selected in registers by one launch.
+    Workspace: two int32 per logit (candidate keys and positions)."""
     assert logits.dtype == torch.float32 and logits.stride(-1) == 1
     assert key_limit.dtype == torch.int32 and key_limit.shape == (logits.shape[0],)
     T, width = logits.shape
