@@ -43,8 +43,8 @@
 #                     G's 64 heads the table gives FlashMLA BF16 prefill chunks (TTFT) and FP8 batches of
 #                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton;
 #                     FLASHMLA_SERVE=0 runs the kernel tables alone]
-# decode_shapes 30,31 bench_small_batch --decode-shapes: the indexer's decode logits by keys per program and the
-#                     top-k select with small_row, batch 1-64 at 4K and 32K in the decode graphs' width
+# decode_shapes 30,31 bench_small_batch --decode-shapes: the indexer's decode kernel by launch shape against
+#                     .gpu/before_tree's default and DeepGEMM's, batch 1-64 at 4K and 32K in the decode graphs' width
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31,30  before/after of the top-k select: compare_versions on 1, 8 and 32 rows and a 16K-query prefill
 #                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select) and this tree's select
@@ -301,8 +301,10 @@ case "$1" in
       limit 200 python3 profile_decode.py --model /tmp/glm52 --out "$WORK" --config indexcache --batch 1 \
         --context 4096 --steps 8 --eager --label decode_eager_stack; } 2>&1 | tee "$WORK/glue.log" ;;
   decode_shapes)
-    limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_small_batch.py --decode-shapes \
-      --out "$WORK/decode_shapes.json" 2>&1 | tee "$WORK/decode_shapes.log" ;;
+    peer_site > /dev/null  # DeepGEMM's paged logits beside the plugin's, where its wheel came
+    PYTHONPATH=/tmp/site_peer:$PYTHONPATH limit "${BENCH_TIMEOUT:-300}" python3 ../../kernels/bench_small_batch.py \
+      --decode-shapes --before ../../../.gpu/before_tree/kernels/glm_dsa_kernels --out "$WORK/decode_shapes.json" \
+      2>&1 | tee "$WORK/decode_shapes.log" ;;
   indexer)
     limit "${BENCH_TIMEOUT:-540}" python3 ../../kernels/sweep.py --out "$WORK/sweep_indexer.json" \
       --only indexer,prefill-indexer,verify-indexer 2>&1 | tee "$WORK/sweep_indexer.log" ;;

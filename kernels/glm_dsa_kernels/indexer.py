@@ -50,7 +50,9 @@ class IndexerConfig:
 
     block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
     block_n: int = 128  # keys per dot
-    keys_per_program: int = 4096  # keys one program scores (q and weights loaded once)
+    programs_per_query: int = 64  # decode kernel: programs sharing a query's key blocks (strided)
+    keys_left: bool = True  # decode kernel: the dot as k . q^T (keys the wgmma's register operand)
+    keys_per_program: int = 4096  # prefill kernel: keys one program scores for its query block
     num_stages: int = 3
     num_warps: int = 4
     topk_chunk: int = 8192  # keys per top-k candidates program (topk_select)
@@ -62,17 +64,16 @@ class IndexerConfig:
 
 
 def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerConfig:
-    """The swept defaults; few queries score fewer keys per program, so that a batch-1 decode's
-    4096 keys are not one program's (54 us a full layer on the H200, 131 SMs idle). Prefill
+    """The swept defaults. Decode (one query a program) spreads each query's keys over enough programs
+    that a batch fills the GPU: ~512 programs in all (MEASURED_BY_NEXT_RUN). Prefill
     (queries_per_request >= 64) scores blocks of 4 queries per program, so each key block is read
     and converted once per 4 queries and the dot is a [64 keys, 4 x 32 heads, 128] wgmma."""
-    block_q = 4 if queries_per_request >= 64 else 1
-    keys = min(4096, max(256, 1 << (128 * max(num_queries // block_q, 1)).bit_length() - 1))
-    if block_q == 1:
-        return IndexerConfig(keys_per_program=keys)
+    if queries_per_request < 64:
+        return IndexerConfig(programs_per_query=max(4, 512 >> max(num_queries - 1, 0).bit_length()))
+    keys = min(4096, max(256, 1 << (128 * max(num_queries // 4, 1)).bit_length() - 1))
     # H200 sweep (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_session10_prefill_indexer.log): 424-435 TFLOP/s, 2.0x
     # the per-query kernel; 3 stages edged 5 by 1%; 8 queries or 128 keys a block were slower
-    return IndexerConfig(block_q=block_q, block_n=64, keys_per_program=keys, num_stages=3, num_warps=4)
+    return IndexerConfig(block_q=4, block_n=64, keys_per_program=keys, num_stages=3, num_warps=4)
 
 
 def _default_for(num_queries: int, page_table: torch.Tensor) -> IndexerConfig:
@@ -179,15 +180,18 @@ def _key_block(k_ptr, pages_row, j0, n, BLOCK_N: tl.constexpr, K_FP8: tl.constex
 def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
-    K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, KEYS_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, Q_TERMS: tl.constexpr,
+    K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, Q_TERMS: tl.constexpr, KEYS_LEFT: tl.constexpr,
 ):
-    """One program scores KEYS_PER_PROGRAM keys of one query, BLOCK_N at a time (q loaded once)."""
-    pid_n = tl.program_id(0)
+    """The grid's P programs of query t score its key blocks p, p + P, p + 2P, ... (q loaded once),
+    so a query's keys spread over all P programs at any context, and a decode graph sized for the
+    longest context launches P programs a query, not one per stretch of the width. KEYS_LEFT: the
+    dot is k . q^T, [BLOCK_N, 32], so sm_90's wgmma (64 rows or more) takes the keys from the
+    registers they were converted in."""
+    p = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
-    lo = pid_n * KEYS_PER_PROGRAM
-    if lo < n:
+    if p * BLOCK_N < n:
         h = tl.arange(0, 32)
         d = tl.arange(0, 128)
         q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + h[:, None] * stride_qh + d[None, :])
@@ -200,14 +204,17 @@ def _indexer_logits_kernel(
         b = tl.load(query_req_ptr + t)
         pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
         out_row = logits_ptr + t.to(tl.int64) * stride_lt
-        for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
+        step = tl.num_programs(0) * BLOCK_N
+        for j0 in tl.range(p * BLOCK_N, n, step, num_stages=NUM_STAGES):
             k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
             pos = j0 + tl.arange(0, BLOCK_N)
-            valid = pos < n
-            s = _qk(q, q_lo, k, Q_TERMS, False)  # [32, BLOCK_N]
+            s = _qk(q, q_lo, k, Q_TERMS, KEYS_LEFT)
             # relu(q . k * scale) = scale * relu(q . k) for scale > 0
-            score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0) * scale
-            tl.store(out_row + pos, score, mask=valid)
+            if KEYS_LEFT:
+                score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1) * scale
+            else:
+                score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0) * scale
+            tl.store(out_row + pos, score, mask=pos < n)
 
 
 @triton.jit(do_not_specialize=["T", "stride_pb"])  # query count and page-table width vary per batch
@@ -301,16 +308,16 @@ def indexer_logits(
         if c.q_terms not in (0, 1, 2) or (c.q_terms and not k_fp8):
             raise ValueError(f"IndexerConfig.q_terms={c.q_terms}: 0, or 1 or 2 with FP8 index keys (the keys here are "
                              f"{k_cache.dtype}); use 0")
-        meta = dict(K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, KEYS_PER_PROGRAM=c.keys_per_program,
-                    NUM_STAGES=c.num_stages, DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, Q_TERMS=c.q_terms,
-                    num_warps=c.num_warps)
-        assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
-        key_ranges = triton.cdiv(logits.shape[1], c.keys_per_program)
+        meta = dict(K_FP8=k_fp8, PAGE=page_size(k_cache), BLOCK_N=c.block_n, NUM_STAGES=c.num_stages,
+                    DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, Q_TERMS=c.q_terms, num_warps=c.num_warps)
         if c.block_q == 1:
-            _indexer_logits_kernel[(key_ranges, T)](*args, *strides, **meta)
+            programs = min(c.programs_per_query, triton.cdiv(logits.shape[1], c.block_n))
+            _indexer_logits_kernel[(programs, T)](*args, *strides, KEYS_LEFT=c.keys_left, **meta)
         else:
-            grid = (key_ranges, triton.cdiv(T, c.block_q))
-            _indexer_logits_blocked_kernel[grid](*args, T, *strides, BLOCK_Q=c.block_q, **meta)
+            assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
+            grid = (triton.cdiv(logits.shape[1], c.keys_per_program), triton.cdiv(T, c.block_q))
+            _indexer_logits_blocked_kernel[grid](*args, T, *strides, BLOCK_Q=c.block_q,
+                                                 KEYS_PER_PROGRAM=c.keys_per_program, **meta)
     return logits
 
 

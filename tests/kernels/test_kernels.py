@@ -91,8 +91,8 @@ def test_default_configs_fill_the_h200_at_small_batch():
 
     splits = {t: sparse_mla.default_config(t, 64, 2048, False, 132).splits for t in (1, 4, 32, 64, 132, 256)}
     assert splits == {1: 32, 4: 32, 32: 4, 64: 2, 132: 2, 256: 1}  # T=64, 256: the swept optima
-    keys = {t: indexer.default_config(t).keys_per_program for t in (1, 4, 8, 32, 64)}
-    assert keys == {1: 256, 4: 512, 8: 1024, 32: 4096, 64: 4096}  # 32 x 128K, 64 x 64K: as swept
+    programs = {t: indexer.default_config(t).programs_per_query for t in (1, 4, 8, 32, 64, 256)}
+    assert programs == {1: 512, 4: 128, 8: 64, 32: 16, 64: 8, 256: 4}
 
 
 @pytest.mark.gpu
@@ -167,7 +167,10 @@ def test_warp_specialized_config_rules():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k_fp8", [False, True])
 @pytest.mark.parametrize("config", [
-    None, IndexerConfig(), IndexerConfig(block_n=64, keys_per_program=128, num_stages=2, topk_sample=512),
+    None, IndexerConfig(),
+    # 3 programs a query: each walks every third key block, past its request's pages
+    IndexerConfig(block_n=64, programs_per_query=3, num_stages=2, topk_sample=512),
+    IndexerConfig(block_n=64, programs_per_query=2, keys_left=False, num_stages=2, topk_sample=512),
     # query blocks: T = 7 queries of random requests, so blocks straddle requests and the last is short
     IndexerConfig(block_q=4, block_n=64, keys_per_program=128, num_stages=2, topk_sample=512),
     IndexerConfig(block_q=2, block_n=128, keys_per_program=256, num_stages=2, topk_sample=512),
@@ -302,8 +305,8 @@ def test_indexer_e4m3_dot(device, block_q, q_terms, tol):
     q[3, 2] *= 1e-6
     q = q.bfloat16()
     w = torch.randn(T, 32, device=dev) * 128**-0.5
-    config = IndexerConfig(block_q=block_q, block_n=64, keys_per_program=128, num_stages=2, topk_sample=512,
-                           q_terms=q_terms)
+    config = IndexerConfig(block_q=block_q, block_n=64, programs_per_query=2, keys_per_program=128, num_stages=2,
+                           topk_sample=512, q_terms=q_terms)
     logits = torch.full((T, max_pages * 64), float("nan"), device=dev)
     indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=config)
     ref = indexer_logits_ref(q, w, k_cache, page_table, query_req, key_limit)
