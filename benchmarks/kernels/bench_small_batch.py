@@ -14,6 +14,7 @@ graphs' 202,752-key width, against a `--before` copy's default and DeepGEMM's wh
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,7 +23,6 @@ import torch
 from bench_kernels import bench, decode_indexer_inputs
 
 from glm_dsa_kernels import indexer, sparse_mla
-from glm_dsa_kernels.indexer import IndexerConfig
 from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_fwd
 
 TOPK, HEADS, POOL = 2048, 64, 200_000
@@ -44,7 +44,7 @@ def mla_rows(num_sms):
 
 def decode_shape_rows(before: Path | None, width=202752):
     """Per (batch, context) in the decode graphs' width: this tree's decode indexer kernel at each
-    launch shape (programs per query x block_n x keys left or right of the dot) and at its default,
+    launch shape (the default, its neighbours in programs per query, stages and warps, the e4m3 dot),
     against `before`'s default (old: a glm_dsa_kernels copy; else this tree's default) and DeepGEMM's
     paged logits where deep_gemm imports; each variant's logits checked against old's first."""
     from bench_kernels import deepgemm_decode_logits, load_previous, quantize_q_fp8, rel_err
@@ -62,10 +62,13 @@ def decode_shape_rows(before: Path | None, width=202752):
         want = logits[:, :keys].clone()
         base = bench(lambda: old_indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits))
         default = indexer.default_config(B)
+        p = default.programs_per_query
+        # the default's neighbours (session 36's first run swept 8-512 programs, block_n 64/128 and the dot's
+        # sides: this default won), its pipeline depth, and the e4m3 dot (q in FP8, DeepGEMM's numerics)
         variants = [("default", default)] + [
-            (f"{p} programs/query, block_n {bn}, keys {'left' if left else 'right'}",
-             IndexerConfig(programs_per_query=p, block_n=bn, keys_left=left))
-            for p in (8, 16, 32, 64, 128, 256, 512) for bn in (64, 128) for left in (True, False)]
+            (f"{p2} programs/query", replace(default, programs_per_query=p2)) for p2 in (p // 2, 2 * p)] + [
+            (f"{st} stages", replace(default, num_stages=st)) for st in (2, 4, 5)] + [
+            ("8 warps", replace(default, num_warps=8)), ("e4m3 dot (1 q term)", replace(default, q_terms=1))]
         row = {"kernel": "indexer logits fp8", "tokens": B, "keys": keys, "width": width, "old_us": base * 1e6,
                "old": f"{'before' if before else 'this tree'}'s default"}
         for name, cfg in variants:
@@ -74,7 +77,7 @@ def decode_shape_rows(before: Path | None, width=202752):
             t = bench(lambda: indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits,
                                                      config=cfg))
             if name == "default":
-                name = f"default ({cfg.programs_per_query} programs/query, block_n {cfg.block_n})"
+                name = f"default ({cfg.programs_per_query} programs/query, block_n {cfg.block_n}, {cfg.num_stages} stages)"
             yield {**row, "new_us": t * 1e6, "new": name, "rel_err": rel_err(logits[:, :keys], want)}
         if deep_gemm is not None:
             run = deepgemm_decode_logits(*quantize_q_fp8(q, w), k_cache, page_table, key_limit)

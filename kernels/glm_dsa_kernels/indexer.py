@@ -49,9 +49,8 @@ class IndexerConfig:
     """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_run5.log, 12)."""
 
     block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
-    block_n: int = 128  # keys per dot
+    block_n: int = 64  # keys per dot
     programs_per_query: int = 64  # decode kernel: programs sharing a query's key blocks (strided)
-    keys_left: bool = True  # decode kernel: the dot as k . q^T (keys the wgmma's register operand)
     keys_per_program: int = 4096  # prefill kernel: keys one program scores for its query block
     num_stages: int = 3
     num_warps: int = 4
@@ -64,8 +63,10 @@ class IndexerConfig:
 
 
 def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerConfig:
-    """The swept defaults. Decode (one query a program) spreads each query's keys over enough programs
-    that a batch fills the GPU: ~512 programs in all (MEASURED_BY_NEXT_RUN). Prefill
+    """The swept defaults. Decode (one query a program) spreads each query's keys over ~512 programs in
+    all: on the H100 that was the fastest of 8-512 programs a query at batch 1-64 x 4K-32K, 1.2-4.3x the
+    old 256-4096 keys a program, 0.90-0.99x DeepGEMM's paged logits (session 36,
+    benchmarks/kernels/logs/session36_h100_decode_shapes). Prefill
     (queries_per_request >= 64) scores blocks of 4 queries per program, so each key block is read
     and converted once per 4 queries and the dot is a [64 keys, 4 x 32 heads, 128] wgmma."""
     if queries_per_request < 64:
@@ -131,16 +132,12 @@ def _e4m3_terms(q, w, Q_TERMS: tl.constexpr):
 
 
 @triton.jit
-def _qk(q, q_lo, k, Q_TERMS: tl.constexpr, KEYS_LEFT: tl.constexpr):
-    """q . k^T ([rows, BLOCK_N]; KEYS_LEFT: k . q^T, [BLOCK_N, rows]), both e4m3 terms of q for Q_TERMS 2."""
-    if KEYS_LEFT:
-        s = tl.dot(k, tl.trans(q))
-        if Q_TERMS == 2:
-            s = tl.dot(k, tl.trans(q_lo), s)
-    else:
-        s = tl.dot(q, tl.trans(k))
-        if Q_TERMS == 2:
-            s = tl.dot(q_lo, tl.trans(k), s)
+def _qk(q, q_lo, k, Q_TERMS: tl.constexpr):
+    """k . q^T, [BLOCK_N, rows] (both e4m3 terms of q for Q_TERMS 2): the keys are the wgmma's
+    register operand, the rows of q its shared-memory one."""
+    s = tl.dot(k, tl.trans(q))
+    if Q_TERMS == 2:
+        s = tl.dot(k, tl.trans(q_lo), s)
     return s
 
 
@@ -181,13 +178,13 @@ def _indexer_logits_kernel(
     q_ptr, w_ptr, k_ptr, page_table_ptr, query_req_ptr, key_limit_ptr, logits_ptr,
     stride_qt, stride_qh, stride_wt, stride_pb, stride_lt,
     K_FP8: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, Q_TERMS: tl.constexpr, KEYS_LEFT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, F16_DTYPE: tl.constexpr, Q_TERMS: tl.constexpr,
 ):
     """The grid's P programs of query t score its key blocks p, p + P, p + 2P, ... (q loaded once),
     so a query's keys spread over all P programs at any context, and a decode graph sized for the
-    longest context launches P programs a query, not one per stretch of the width. KEYS_LEFT: the
-    dot is k . q^T, [BLOCK_N, 32], so sm_90's wgmma (64 rows or more) takes the keys from the
-    registers they were converted in."""
+    longest context launches P programs a query, not one per stretch of the width. The dot is
+    k . q^T, [BLOCK_N, 32], so sm_90's wgmma (64 rows or more) takes the keys from the registers they
+    were converted in (q . k^T ran 5-10% slower: benchmarks/kernels/logs/session36_h100_decode_shapes)."""
     p = tl.program_id(0)
     t = tl.program_id(1)
     n = tl.load(key_limit_ptr + t)
@@ -208,12 +205,9 @@ def _indexer_logits_kernel(
         for j0 in tl.range(p * BLOCK_N, n, step, num_stages=NUM_STAGES):
             k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
             pos = j0 + tl.arange(0, BLOCK_N)
-            s = _qk(q, q_lo, k, Q_TERMS, KEYS_LEFT)
+            s = _qk(q, q_lo, k, Q_TERMS)  # [BLOCK_N, 32]
             # relu(q . k * scale) = scale * relu(q . k) for scale > 0
-            if KEYS_LEFT:
-                score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1) * scale
-            else:
-                score = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0) * scale
+            score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1) * scale
             tl.store(out_row + pos, score, mask=pos < n)
 
 
@@ -262,7 +256,7 @@ def _indexer_logits_blocked_kernel(
             for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
                 k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
                 pos = j0 + tl.arange(0, BLOCK_N)
-                s = _qk(q, q_lo, k, Q_TERMS, True)  # [BLOCK_N, BLOCK_Q * 32]
+                s = _qk(q, q_lo, k, Q_TERMS)  # [BLOCK_N, BLOCK_Q * 32]
                 p = tl.reshape(tl.maximum(s, 0.0) * w[None, :], [BLOCK_N, BLOCK_Q, 32])
                 score = tl.sum(p, 2) * scale[:, None]  # [BLOCK_N, BLOCK_Q]
                 tl.store(out + pos[:, None], score, mask=pos[:, None] < lim[None, :])
@@ -312,7 +306,7 @@ def indexer_logits(
                     DOT_DTYPE=_DOT_DTYPE, F16_DTYPE=_F16_DTYPE, Q_TERMS=c.q_terms, num_warps=c.num_warps)
         if c.block_q == 1:
             programs = min(c.programs_per_query, triton.cdiv(logits.shape[1], c.block_n))
-            _indexer_logits_kernel[(programs, T)](*args, *strides, KEYS_LEFT=c.keys_left, **meta)
+            _indexer_logits_kernel[(programs, T)](*args, *strides, **meta)
         else:
             assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
             grid = (triton.cdiv(logits.shape[1], c.keys_per_program), triton.cdiv(T, c.block_q))

@@ -170,7 +170,6 @@ def test_warp_specialized_config_rules():
     None, IndexerConfig(),
     # 3 programs a query: each walks every third key block, past its request's pages
     IndexerConfig(block_n=64, programs_per_query=3, num_stages=2, topk_sample=512),
-    IndexerConfig(block_n=64, programs_per_query=2, keys_left=False, num_stages=2, topk_sample=512),
     # query blocks: T = 7 queries of random requests, so blocks straddle requests and the last is short
     IndexerConfig(block_q=4, block_n=64, keys_per_program=128, num_stages=2, topk_sample=512),
     IndexerConfig(block_q=2, block_n=128, keys_per_program=256, num_stages=2, topk_sample=512),
