@@ -7,8 +7,9 @@ care about order; position order makes the result unique and cheap to write.)
 
 Scores are compared as uint32 keys (`_ordered_key`). Three launches; with `small_row`, a row of at
 most that many keys (a decode at a short context, the first queries of a prompt) is selected by the
-third alone, from registers, the first two skipping it. Off by default until a GPU run has timed it:
-at a batch-1 decode step at 4K the three launches took ~42 us a full layer (session 35's H100 profile).
+third alone, from registers, the first two skipping it. Off by default: on an H100 (session 36) small_row
+4096 took 4K rows from 47 to 33 us but 32K rows from 52 to 74 us, the select kernel carrying both paths
+being slower on the staged one (benchmarks/kernels/logs/session36_h100_decode_shapes).
   1. `_sample_bound_kernel`, one program per row: an evenly strided sample of 4096 keys gives
      `bound`, a key a few standard deviations below where the k-th key is expected (the sample's
      two leading digits, by histogram); about 1.6-1.9 x topk keys of a 64K-128K row are >= bound.
@@ -60,7 +61,7 @@ def _sample_bound_kernel(logits_ptr, key_limit_ptr, bound_ptr, stride_lt, topk, 
                          SMALL_ROW: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
-    # SMALL_ROW 0 compiles the path without the register branch (the default until timed on a GPU)
+    # SMALL_ROW 0 compiles the path without the register branch (the default)
     if SMALL_ROW == 0:
         _store_sample_bound(logits_ptr, bound_ptr, stride_lt, topk, t, n, SAMPLE)
     elif n > SMALL_ROW:
