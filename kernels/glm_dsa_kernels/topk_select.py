@@ -6,10 +6,11 @@ ASCENDING POSITION order, padded with -1 when key_limit[t] < topk. (Sparse atten
 care about order; position order makes the result unique and cheap to write.)
 
 Scores are compared as uint32 keys (`_ordered_key`). Three launches; with `small_row`, a row of at
-most that many keys (a decode at a short context, the first queries of a prompt) is selected by the
-third alone, from registers, the first two skipping it. Off by default: on an H100 (session 36) small_row
-4096 took 4K rows from 47 to 33 us but 32K rows from 52 to 74 us, the select kernel carrying both paths
-being slower on the staged one (benchmarks/kernels/logs/session36_h100_decode_shapes).
+most that many keys (a decode at a short context, the first queries of a prompt) is selected by a
+fourth, `_select_small_kernel`, from registers, the other three skipping it. Off by default: on an H100
+(session 36), with both paths in one select kernel, small_row 4096 took 4K rows from 47 to 33 us but
+32K rows from 52 to 74 us, the staged path slower beside the register one
+(benchmarks/kernels/logs/session36_h100_decode_shapes); they are separate launches since, not yet timed.
   1. `_sample_bound_kernel`, one program per row: an evenly strided sample of 4096 keys gives
      `bound`, a key a few standard deviations below where the k-th key is expected (the sample's
      two leading digits, by histogram); about 1.6-1.9 x topk keys of a 64K-128K row are >= bound.
@@ -139,16 +140,44 @@ def _select_kernel(logits_ptr, key_limit_ptr, cand_key_ptr, cand_pos_ptr, num_ca
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, MAX_CHUNKS: tl.constexpr, SMALL_ROW: tl.constexpr):
     t = tl.program_id(0)
     n = tl.load(key_limit_ptr + t)
-    row = logits_ptr + t.to(tl.int64) * stride_lt
-    out_row = out_ptr + t.to(tl.int64) * stride_ot
-    if SMALL_ROW == 0:  # a constexpr branch: the register path is compiled only when asked for
-        _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
-                                num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
-    elif n <= SMALL_ROW:
-        _select_small_row(row, out_row, n, topk, SMALL_ROW)
-    else:
-        _select_from_candidates(row, out_row, cand_key_ptr, cand_pos_ptr, num_cand_ptr, t, n, stride_ct, topk,
-                                num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
+    if n > SMALL_ROW:  # a row of at most SMALL_ROW keys (> 0) is _select_small_kernel's
+        out_row = out_ptr + t.to(tl.int64) * stride_ot
+        _select_from_candidates(logits_ptr + t.to(tl.int64) * stride_lt, out_row, cand_key_ptr, cand_pos_ptr,
+                                num_cand_ptr, t, n, stride_ct, topk, num_chunks, CHUNK, BLOCK, MAX_CHUNKS)
+        _pad(out_row, n, topk, BLOCK)
+    elif SMALL_ROW == 0:  # n == 0
+        _pad(out_ptr + t.to(tl.int64) * stride_ot, n, topk, BLOCK)
+
+
+@triton.jit
+def _select_small_kernel(logits_ptr, key_limit_ptr, out_ptr, stride_lt, stride_ot, topk, SMALL_ROW: tl.constexpr):
+    """A row of at most SMALL_ROW keys, held in registers: radix select on them, then the ordered write.
+    A launch of its own, so the staged select's kernel keeps its registers for its own loops."""
+    t = tl.program_id(0)
+    n = tl.load(key_limit_ptr + t)
+    if n <= SMALL_ROW:
+        row = logits_ptr + t.to(tl.int64) * stride_lt
+        out_row = out_ptr + t.to(tl.int64) * stride_ot
+        pos = tl.arange(0, SMALL_ROW)
+        ok = pos < n
+        key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
+        thr = tl.zeros([], tl.uint32)
+        remaining = tl.zeros([], tl.int32) + topk
+        if n > topk:
+            prefix_mask = tl.zeros([], tl.uint32)
+            for p in tl.static_range(4):
+                hist = _masked_histogram((key >> (24 - 8 * p)) & 255, ok & ((key & prefix_mask) == thr))
+                d, remaining = _pick_digit(hist, remaining)
+                thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
+                prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << (24 - 8 * p))
+        zero = tl.zeros([], tl.int32)
+        _take_in_order(out_row, key, pos, ok, thr, remaining, zero, zero)
+        _pad(out_row, n, topk, SMALL_ROW)
+
+
+@triton.jit
+def _pad(out_row, n, topk, BLOCK: tl.constexpr):
+    """-1 in a row's slots past its n keys (n < topk)."""
     for j0 in range(tl.minimum(n, topk), topk, BLOCK):
         pos = j0 + tl.arange(0, BLOCK)
         tl.store(out_row + pos, tl.full([BLOCK], -1, tl.int32), mask=pos < topk)
@@ -163,25 +192,6 @@ def _take_in_order(out_row, key, pos, ok, thr, remaining, ties_seen, written):
     take = (ok & (key > thr)) | (tie & (tie_rank < remaining))
     tl.store(out_row + written + tl.cumsum(take.to(tl.int32), 0) - 1, pos, mask=take)
     return ties_seen + tl.sum(tie.to(tl.int32), 0), written + tl.sum(take.to(tl.int32), 0)
-
-
-@triton.jit
-def _select_small_row(row, out_row, n, topk, SMALL_ROW: tl.constexpr):
-    """The row's n <= SMALL_ROW keys held in registers: radix select on them, then the ordered write."""
-    pos = tl.arange(0, SMALL_ROW)
-    ok = pos < n
-    key = _ordered_key(tl.load(row + pos, mask=ok, other=0.0))
-    thr = tl.zeros([], tl.uint32)
-    remaining = tl.zeros([], tl.int32) + topk
-    if n > topk:
-        prefix_mask = tl.zeros([], tl.uint32)
-        for p in tl.static_range(4):
-            hist = _masked_histogram((key >> (24 - 8 * p)) & 255, ok & ((key & prefix_mask) == thr))
-            d, remaining = _pick_digit(hist, remaining)
-            thr = thr | (d.to(tl.uint32) << (24 - 8 * p))
-            prefix_mask = prefix_mask | (tl.full([], 255, tl.uint32) << (24 - 8 * p))
-    zero = tl.zeros([], tl.int32)
-    _take_in_order(out_row, key, pos, ok, thr, remaining, zero, zero)
 
 
 @triton.jit
@@ -262,8 +272,11 @@ def topk_positions(
     _select_kernel[(T,)](
         logits, key_limit, cand_key, cand_pos, num_cand, out, logits.stride(0), cand_key.stride(0), out.stride(0),
         topk, num_chunks, CHUNK=chunk, BLOCK=select_block, MAX_CHUNKS=triton.next_power_of_2(num_chunks),
-        SMALL_ROW=small_row, num_warps=max(4, min(8, max(select_block, small_row) // 256)),
+        SMALL_ROW=small_row, num_warps=max(4, min(8, select_block // 256)),
     )
+    if small_row:
+        _select_small_kernel[(T,)](logits, key_limit, out, logits.stride(0), out.stride(0), topk, SMALL_ROW=small_row,
+                                   num_warps=max(4, min(8, small_row // 256)))
     return out
 
 
