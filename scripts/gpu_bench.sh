@@ -47,8 +47,8 @@
 #                     .gpu/before_tree's default and DeepGEMM's, batch 1-64 at 4K and 32K in the decode graphs' width
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31,30  before/after of the top-k select: compare_versions on 1, 8 and 32 rows and a 16K-query prefill
-#                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select) and this tree's select
-#                     with short rows in registers (small_row 4096 / 8192, off by default); then G plain decode b1/b8
+#                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select), both copies also
+#                     with short rows in registers (small_row 4096, off by default); then G plain decode b1/b8
 #                     [TOPK_SERVE=0: the kernels alone]
 # gemm         31     tune_fp8_gemm.py on G's linears [GEMM_TP, GEMM_M=1,16,64], then G plain decode b1/b32 with
 #                     the configs (@gemm) and without (@nogemm)
@@ -68,8 +68,9 @@
 # - C: .gpu/models/*.tar.xz (the carry model).
 # - before/after modes (ingraph, ingraph_mtp, topk): .gpu/before_tree, a plugin tree, e.g.
 #   `mkdir -p .gpu/before_tree && git archive REV sglang_glm kernels pyproject.toml README.md | tar x -C .gpu/before_tree`.
-#   topk: HEAD's tree with only the select before fc17c9a, so the pair differs in that change alone:
-#   `git archive HEAD ... | tar x -C .gpu/before_tree && git show fc17c9a^:kernels/glm_dsa_kernels/topk_select.py \
+#   topk: HEAD's tree with only the select before the change timed, so the pair differs in that change alone
+#   (session 36: 278d4b6^, both small_row paths in one kernel, against 278d4b6's launch of its own):
+#   `git archive HEAD ... | tar x -C .gpu/before_tree && git show 278d4b6^:kernels/glm_dsa_kernels/topk_select.py \
 #   > .gpu/before_tree/kernels/glm_dsa_kernels/topk_select.py`.
 # - peer, flashmla: .gpu/peer/sgl_flash_mla-1.0.0-*.whl (9.9 MB; `pip download --no-deps sgl-flash-mla==1.0.0`,
 #   the device has no registry); optionally .gpu/deepgemm/sgl_deep_gemm-*.whl for SGLang's DeepGEMM
@@ -211,8 +212,8 @@ case "$1" in
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --upgrade --target /tmp/plugin_before \
       ../../../.gpu/before_tree || exit 1
     { python3 ../../kernels/compare_versions.py --pkg before=/tmp/plugin_before/glm_dsa_kernels \
-        --pkg after=../../../kernels/glm_dsa_kernels --pkg small4k=../../../kernels/glm_dsa_kernels@small_row=4096 \
-        --pkg small8k=../../../kernels/glm_dsa_kernels@small_row=8192 --problems topk:1:4096:202752,topk:8:4096:202752,topk:32:4096:202752,topk:1:32768:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
+        --pkg after=../../../kernels/glm_dsa_kernels --pkg before4k=/tmp/plugin_before/glm_dsa_kernels@small_row=4096 \
+        --pkg after4k=../../../kernels/glm_dsa_kernels@small_row=4096 --problems topk:1:4096:202752,topk:8:4096:202752,topk:32:4096:202752,topk:1:32768:202752,topk:8:202752:202752,topkp:16384:32768,topkp:16384:131072 \
         --out "$WORK/compare_topk.json"
       # TOPK_SERVE=0: the kernel comparison alone
       [ "${TOPK_SERVE:-1}" = 1 ] && { make_g > /dev/null
