@@ -16,6 +16,9 @@ What is counted, per GPU (tensor parallel `tp` splits heads, MLP widths and the 
   `hot_vocab` rows in the draft when a token map is used.
 Activations, norms and the like are left out: they are small at decode batches.
 
+The last column is `round_floor`: with a plain step's served time on the H200, the fewest plain steps a
+round can cost there (its docstring says why).
+
     python round_bytes.py --config /tmp/glm52/config.json --out results/round_bytes.json
 """
 
@@ -71,11 +74,19 @@ def step_and_round(cfg: dict, tp: int, batch: int, steps: int, context: int, hot
             "phases_gb": {p: b / 1e9 for p, b in phases.items()}, "round_in_plain_steps": total / plain}
 
 
-CASES = (  # (label, layers, routed experts, tensor parallel)
-    ("GLM-5.2-shaped, 8 layers, one H200 (make_glm52_shaped.py)", 8, None, 1),
-    ("deep proxy, 40 layers x 64 experts, one H200", 40, 64, 1),
-    ("GLM-5.2, 78 layers, TP 8 (per GPU)", 78, None, 8),
+CASES = (  # (label, layers, routed experts, tensor parallel, a served batch-1 plain step on the H200 in ms)
+    ("GLM-5.2-shaped, 8 layers, one H200 (make_glm52_shaped.py)", 8, None, 1, 3.15),  # session 18, tuned GEMMs
+    ("deep proxy, 40 layers x 64 experts, one H200", 40, 64, 1, 14.29),  # session 24
+    ("GLM-5.2, 78 layers, TP 8 (per GPU)", 78, None, 8, None),  # not served here: needs eight H200s
 )
+H200_COPY_TBPS = 4.29  # benchmarks/kernels/results.md: a 2 GiB device copy, bytes read + written
+
+
+def round_floor(plain_gb: float, round_gb: float, plain_ms: float, tbps: float = H200_COPY_TBPS) -> float:
+    """The fewest plain steps a round can cost on the GPU that served the plain step in plain_ms: its verify
+    runs every kernel of a plain step (on more tokens, so no faster), and every byte the round reads past a
+    plain step's (the verify's extra experts, the whole draft) costs at least bytes / the device-copy rate."""
+    return 1 + (round_gb - plain_gb) / tbps / plain_ms
 
 
 def main() -> None:
@@ -89,20 +100,29 @@ def main() -> None:
 
     base = json.loads(args.config.read_text())
     rows = []
-    print("| model | batch | plain step GB | round GB | round in plain steps | with a token map |")
-    print("|---|---|---|---|---|---|")
-    for label, layers, experts, tp in CASES:
+    print("| model | batch | plain step GB | round GB | round in plain steps | with a token map | floor at batch 1 "
+          "(no map / map) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, layers, experts, tp, plain_ms in CASES:
         cfg = dict(base, num_hidden_layers=layers, n_routed_experts=experts or base["n_routed_experts"])
         pattern = base["indexer_types"][:4]  # the proxy's plan: one full layer in four
         cfg["indexer_types"] = (pattern * layers)[:layers]
         for batch in (1, 8, 32):
             plain = step_and_round(cfg, tp, batch, args.steps, args.context)
             mapped = step_and_round(cfg, tp, batch, args.steps, args.context, args.hot_vocab)
+            floor = {}
+            if batch == 1 and plain_ms:
+                floor = {"h200_plain_step_ms": plain_ms, "h200_copy_tbps": H200_COPY_TBPS,
+                         "floor_in_plain_steps": round_floor(plain["plain_step_gb"], plain["round_gb"], plain_ms),
+                         "floor_in_plain_steps_token_map": round_floor(plain["plain_step_gb"], mapped["round_gb"],
+                                                                       plain_ms)}
             rows.append(dict(model=label, layers=layers, experts=cfg["n_routed_experts"], tp=tp, batch=batch,
                              context=args.context, steps=args.steps, **plain,
-                             round_in_plain_steps_token_map=mapped["round_in_plain_steps"]))
+                             round_in_plain_steps_token_map=mapped["round_in_plain_steps"], **floor))
+            shown = (f"{floor['floor_in_plain_steps']:.2f} / {floor['floor_in_plain_steps_token_map']:.2f}"
+                     if floor else "")
             print(f"| {label} | {batch} | {plain['plain_step_gb']:.2f} | {plain['round_gb']:.2f} | "
-                  f"{plain['round_in_plain_steps']:.2f} | {mapped['round_in_plain_steps']:.2f} |")
+                  f"{plain['round_in_plain_steps']:.2f} | {mapped['round_in_plain_steps']:.2f} | {shown} |")
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
