@@ -47,3 +47,10 @@ def test_the_round_reads_more_experts_and_heads_than_a_step(glm52):
     mapped = rb.step_and_round(glm52, 1, 1, 3, 4096, hot_vocab=32768)
     assert mapped["plain_step_gb"] == one["plain_step_gb"]
     assert one["round_gb"] - mapped["round_gb"] == pytest.approx(3 * 2 * (154880 - 32768) * 6144 / 1e9)
+
+
+def test_round_floor_by_hand():
+    # 12.86 GB past a 5.77 GB, 3.15 ms plain step, at 4.29 TB/s: 3.0 ms more, 1.95 plain steps
+    assert rb.round_floor(5.77, 18.63, 3.15) == pytest.approx(1 + 12.86 / 4.29 / 3.15)
+    assert rb.round_floor(5.77, 18.63, 3.15) == pytest.approx(1.95, abs=0.01)
+    assert rb.round_floor(5.0, 5.0, 1.0) == 1  # nothing past a plain step: the verify alone
