@@ -455,7 +455,7 @@ def prefill_indexer_tables(ceil):
         blocked = default_config(C, queries_per_request=C)
         nb_logits = ctx * 132 + keys * 4  # keys once, the logits written
         shape = f"{C} queries x {ctx // 1024}K keys"
-        for impl, cfg in (("glm_dsa indexer_logits, a query per program", IndexerConfig()),
+        for impl, cfg in (("glm_dsa indexer_logits, the decode kernel", IndexerConfig()),
                           (f"glm_dsa indexer_logits, {blocked.block_q} queries per program", blocked)):
             tab.time(shape, impl, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, cfg), nb_logits, indexer_flops(keys))
         tab.time(shape, "glm_dsa indexer_topk (logits + top-k)", lambda: indexer_topk(q, w, k_cache, pt, qr, kl, 2048, config=blocked),

@@ -108,12 +108,12 @@ def indexer_sweep(ceil, prev):
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops, indexer_logits, indexer_topk
     from glm_dsa_kernels.topk_select import topk_positions, topk_positions_ref
 
-    # block_n 64 reads a block from one page (contiguous, one page-table read): new since 427d778;
-    # q_terms 2 / 1: the e4m3 dot on the keys' codes (no conversion), q as two / one e4m3 terms
-    logit_cands = [IC(block_n=bn, keys_per_program=kpp, num_stages=st, num_warps=4, q_terms=qt)
-                   for bn, kpp, st, qt in ((128, 2048, 3, 0), (128, 4096, 3, 0), (128, 4096, 4, 0), (128, 8192, 3, 0),
-                                           (64, 4096, 3, 0), (64, 4096, 4, 0), (64, 2048, 4, 0), (128, 4096, 3, 2),
-                                           (64, 4096, 3, 2), (64, 4096, 4, 2), (128, 4096, 3, 1))]
+    # the decode kernel strides a query's key blocks over programs_per_query programs (session 36's default:
+    # ~512 programs in all, block_n 64, 5 stages from 8 queries); q_terms 2 / 1: the e4m3 dot on the keys'
+    # codes (no conversion), q as two / one e4m3 terms
+    logit_cands = [IC(block_n=bn, programs_per_query=ppq, num_stages=st, num_warps=4, q_terms=qt)
+                   for bn, ppq, st, qt in ((64, 8, 5, 0), (64, 16, 5, 0), (64, 4, 5, 0), (64, 8, 3, 0), (128, 8, 5, 0),
+                                           (64, 8, 5, 2), (64, 8, 5, 1))]
     topk_cands = [(16384, 4096, 2048, 4096), (16384, 4096, 1024, 4096), (16384, 4096, 4096, 4096),
                   (32768, 8192, 2048, 4096), (16384, 4096, 2048, 2048), (8192, 4096, 2048, 4096)]
     for B, keys in ((64, 65536), (32, 131072)):
@@ -136,7 +136,7 @@ def indexer_sweep(ceil, prev):
             if not rel_err(lg, lg0) < LOGITS_TOL[c.q_terms]:
                 log(f"  {problem} {c}: WRONG logits, rel err {rel_err(lg, lg0):.2e}")
                 continue
-            name = f"logits bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps} qt{c.q_terms}"
+            name = f"logits bn{c.block_n} ppq{c.programs_per_query} s{c.num_stages} w{c.num_warps} qt{c.q_terms}"
             t = timed(problem, name, lambda: indexer_logits(q, w, k_cache, pt, qr, kl, lg, config=c), floor)
             parts.append((t, name))
             if t:
@@ -187,7 +187,8 @@ def _time_logit_configs(problem, configs, inputs, width, floor, with_topk=False)
         if not rel_err(got, want) < LOGITS_TOL[c.q_terms]:
             log(f"  {problem} {c}: WRONG logits, rel err {rel_err(got, want):.2e}")
             continue
-        shape = f"bq{c.block_q} bn{c.block_n} kpp{c.keys_per_program} s{c.num_stages} w{c.num_warps} qt{c.q_terms}"
+        spread = f"ppq{c.programs_per_query}" if c.block_q == 1 else f"kpp{c.keys_per_program}"
+        shape = f"bq{c.block_q} bn{c.block_n} {spread} s{c.num_stages} w{c.num_warps} qt{c.q_terms}"
         runs = [("logits", lambda: indexer_logits(*inputs, lg, config=c))]
         if with_topk:
             runs.append(("indexer_topk", lambda: indexer_topk(*inputs, 2048, config=c)))
@@ -231,7 +232,7 @@ def verify_indexer_sweep(ceil):
     from bench_kernels import make_index_cache
 
     per = 4
-    cands = [IC(), IC(keys_per_program=2048), IC(q_terms=2)] + [
+    cands = [IC(), IC(programs_per_query=8), IC(q_terms=2)] + [
         IC(block_q=bq, block_n=64, keys_per_program=kpp, num_stages=st, q_terms=qt)
         for bq, kpp, st, qt in ((4, 4096, 3, 0), (4, 2048, 3, 0), (4, 4096, 5, 0), (2, 4096, 3, 0), (4, 4096, 3, 2))]
     for B, keys in ((64, 65536), (32, 131072)):

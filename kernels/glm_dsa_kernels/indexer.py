@@ -14,8 +14,9 @@
 
   score[t, j] = sum_h weights[t, h] * relu(q[t, h] . k_j)
 
-indexer_logits scores one query per program (decode) or, with IndexerConfig.block_q > 1, blocks of
-consecutive queries (prefill: each key block is read and converted once per block). FP8 keys meet q
+indexer_logits spreads each query's key blocks over IndexerConfig.programs_per_query programs (decode,
+verify, draft steps) or, with IndexerConfig.block_q > 1, scores blocks of consecutive queries per
+program (prefill: each key block is read and converted once per block). FP8 keys meet q
 in an fp16 dot (keys converted in registers, exact), or, with IndexerConfig.q_terms 1 or 2, in an
 e4m3 dot on the keys' own codes (no conversion; q as one e4m3 term, as SGLang's and DeepGEMM's
 indexer take it, or as two, which carry a bf16 q's 8 significant bits).
@@ -46,7 +47,8 @@ _F16_DTYPE = tl.float32 if _INTERPRET else tl.float16
 
 @dataclass(frozen=True, kw_only=True)  # positional configs would shift when a field is added
 class IndexerConfig:
-    """Launch shapes; the defaults won the H200 sweeps (benchmarks/kernels/logs/raw_logs.tar.gz: sweep_run5.log, 12)."""
+    """Launch shapes; the defaults won sweeps on the H200 (prefill: benchmarks/kernels/logs/raw_logs.tar.gz,
+    sweep_run5.log, 12) and the H100 (decode: benchmarks/kernels/logs/session36_h100_decode_shapes)."""
 
     block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
     block_n: int = 64  # keys per dot
@@ -65,7 +67,7 @@ class IndexerConfig:
 def default_config(num_queries: int, queries_per_request: int = 1) -> IndexerConfig:
     """The swept defaults. Decode (one query a program) spreads each query's keys over ~512 programs in
     all: on the H100 that was the fastest of 8-512 programs a query at batch 1-64 x 4K-32K, 1.2-4.3x the
-    old 256-4096 keys a program, 0.90-0.99x DeepGEMM's paged logits (session 36,
+    old 256-4096 keys a program, 0.89-1.05x DeepGEMM's paged logits (session 36,
     benchmarks/kernels/logs/session36_h100_decode_shapes). Prefill
     (queries_per_request >= 64) scores blocks of 4 queries per program, so each key block is read
     and converted once per 4 queries and the dot is a [64 keys, 4 x 32 heads, 128] wgmma."""
