@@ -44,7 +44,8 @@
 #                     65-512 rows, past the benchmark's 64-request decode graphs; decode b32 stays on Triton;
 #                     FLASHMLA_SERVE=0 runs the kernel tables alone]
 # decode_shapes 30,31 bench_small_batch --decode-shapes: the indexer's decode kernel by launch shape against
-#                     .gpu/before_tree's default and DeepGEMM's, batch 1-64 at 4K and 32K in the decode graphs' width
+#                     .gpu/before_tree's default and DeepGEMM's, batch 1-64 at 4K and 32K in the decode graphs' width;
+#                     an MTP verify's 4 queries a request per query (the default) and in strided query blocks
 # indexer      30     sweep.py's indexer sweeps (decode, prefill, verify) with the e4m3-dot candidates (q_terms)
 # topk         31,30  before/after of the top-k select: compare_versions on 1, 8 and 32 rows and a 16K-query prefill
 #                     chunk at 32K and 128K, each beside torch.topk (SGLang's own path's select), both copies also

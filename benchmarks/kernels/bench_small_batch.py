@@ -9,7 +9,8 @@ replays with L2 evicted (`bench_kernels.bench`); each row's ratio is old / new.
 
 `--decode-shapes` times instead the indexer's decode kernel by launch shape (session 35's tables: DeepGEMM's
 paged logits ran 2-4x faster at batch 8-64 x 4K), at batch 1-64 on 4K and 32K contexts in the decode
-graphs' 202,752-key width, against a `--before` copy's default and DeepGEMM's where it imports.
+graphs' 202,752-key width, and an MTP verify's 4 queries a request per-query against in query blocks,
+against a `--before` copy's default and DeepGEMM's where it imports.
 """
 
 import argparse
@@ -20,9 +21,10 @@ from pathlib import Path
 import torch
 
 # Run as a script, this folder is on sys.path already.
-from bench_kernels import bench, decode_indexer_inputs
+from bench_kernels import bench, make_index_cache
 
 from glm_dsa_kernels import indexer, sparse_mla
+from glm_dsa_kernels.indexer import IndexerConfig
 from glm_dsa_kernels.sparse_mla import SparseMLAConfig, sparse_mla_fwd
 
 TOPK, HEADS, POOL = 2048, 64, 200_000
@@ -42,11 +44,27 @@ def mla_rows(num_sms):
                "new_us": new_s * 1e6, "old": f"splits {OLD_MLA.splits}", "new": f"splits {new.splits}"}
 
 
+def decode_graph_inputs(B: int, keys: int, per: int):
+    """B requests of `keys` FP8 index keys, each bringing `per` consecutive queries (1: decode; an MTP
+    verify's draft tokens: key limits keys - per + 1 .. keys): (q, weights, k_cache, page_table,
+    query_req, key_limit)."""
+    k_cache, page_table = make_index_cache(B, keys)
+    T = B * per
+    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(T, 32, device="cuda") / 32
+    query_req = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(per)
+    key_limit = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
+    return q, w, k_cache, page_table, query_req, key_limit
+
+
 def decode_shape_rows(before: Path | None, width=202752):
-    """Per (batch, context) in the decode graphs' width: this tree's decode indexer kernel at each
-    launch shape (the default, its neighbours in programs per query, stages and warps, the e4m3 dot),
-    against `before`'s default (old: a glm_dsa_kernels copy; else this tree's default) and DeepGEMM's
-    paged logits where deep_gemm imports; each variant's logits checked against old's first."""
+    """Per (batch, context, queries per request) in the decode graphs' width: this tree's indexer at
+    its default and at other launch shapes, against `before`'s default (old: a glm_dsa_kernels copy;
+    else this tree's default) and DeepGEMM's paged logits where deep_gemm imports (a verify's queries
+    as rows of their own, as SGLang's path hands them over); each variant checked against old first.
+    Decode rows: the default's neighbours in programs per query and the e4m3 dot (session 36 swept
+    the rest). Verify rows (4 queries a request): the per-query kernel (the default) against query
+    blocks of a request's 4 queries, each key block read once for the 4, strided over P programs."""
     from bench_kernels import deepgemm_decode_logits, load_previous, quantize_q_fp8, rel_err
 
     old_indexer = load_previous(before, "indexer", name="before")[0] if before else indexer
@@ -54,23 +72,31 @@ def decode_shape_rows(before: Path | None, width=202752):
         import deep_gemm  # noqa: F401
     except ImportError:
         deep_gemm = None
-    for B, keys in ((1, 4096), (8, 4096), (32, 4096), (64, 4096), (1, 32768), (8, 32768), (32, 32768)):
-        q, w, k_cache, page_table, query_req, key_limit = decode_indexer_inputs(B, keys)
+    shapes = [(B, keys, 1) for B, keys in ((1, 4096), (8, 4096), (32, 4096), (64, 4096), (1, 32768), (8, 32768),
+                                           (32, 32768))]
+    shapes += [(B, keys, 4) for B, keys in ((1, 4096), (8, 4096), (32, 4096), (1, 32768), (8, 32768), (32, 32768))]
+    for B, keys, per in shapes:
+        q, w, k_cache, page_table, query_req, key_limit = decode_graph_inputs(B, keys, per)
         page_table = torch.nn.functional.pad(page_table, (0, (width - keys) // 64))
-        logits = torch.full((B, width), float("-inf"), device="cuda")
+        T = B * per
+        seen = torch.arange(keys, device="cuda")[None, :] < key_limit[:, None]
+        logits = torch.full((T, width), float("-inf"), device="cuda")
         old_indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits)
-        want = logits[:, :keys].clone()
+        want = logits[:, :keys][seen]
         base = bench(lambda: old_indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits))
-        default = indexer.default_config(B)
+        default = indexer.default_config(T, per)
         p = default.programs_per_query
-        # the default's neighbours (session 36's first run swept 8-512 programs, block_n 64/128 and the dot's
-        # sides: this default won), its pipeline depth, and the e4m3 dot (q in FP8, DeepGEMM's numerics)
-        variants = [("default", default)] + [
-            (f"{p2} programs/query", replace(default, programs_per_query=p2)) for p2 in (p // 2, 2 * p)] + [
-            (f"{st} stages", replace(default, num_stages=st)) for st in (2, 4, 5)] + [
-            ("8 warps", replace(default, num_warps=8)), ("e4m3 dot (1 q term)", replace(default, q_terms=1))]
-        row = {"kernel": "indexer logits fp8", "tokens": B, "keys": keys, "width": width, "old_us": base * 1e6,
-               "old": f"{'before' if before else 'this tree'}'s default"}
+        variants = [("default", default)]
+        if per == 1:
+            variants += [(f"{p2} programs/query", replace(default, programs_per_query=p2)) for p2 in (p // 2, 2 * p)]
+            variants += [("e4m3 dot (1 q term)", replace(default, q_terms=1))]
+        else:
+            p0 = max(4, 512 >> max(B - 1, 0).bit_length())  # the decode rule, a block counted as one query
+            variants += [(f"{per}-query blocks, {p2} programs/block, {st} stages",
+                          IndexerConfig(block_q=per, block_n=64, keys_per_program=0, programs_per_query=p2,
+                                        num_stages=st)) for p2, st in ((p0 // 2, 5), (p0, 5), (2 * p0, 5), (p0, 3))]
+        row = {"kernel": "indexer logits fp8", "tokens": T, "requests": B, "queries_per_request": per, "keys": keys,
+               "width": width, "old_us": base * 1e6, "old": f"{'before' if before else 'this tree'}'s default"}
         for name, cfg in variants:
             logits.fill_(float("nan"))  # a variant that leaves keys unscored cannot match
             indexer.indexer_logits(q, w, k_cache, page_table, query_req, key_limit, logits, config=cfg)
@@ -78,13 +104,14 @@ def decode_shape_rows(before: Path | None, width=202752):
                                                      config=cfg))
             if name == "default":
                 name = f"default ({cfg.programs_per_query} programs/query, block_n {cfg.block_n}, {cfg.num_stages} stages)"
-            yield {**row, "new_us": t * 1e6, "new": name, "rel_err": rel_err(logits[:, :keys], want)}
+            yield {**row, "new_us": t * 1e6, "new": name, "rel_err": rel_err(logits[:, :keys][seen], want)}
         if deep_gemm is not None:
-            run = deepgemm_decode_logits(*quantize_q_fp8(q, w), k_cache, page_table, key_limit)
+            rows = page_table.repeat_interleave(per, 0).contiguous()  # a query, a row: SGLang's verify layout
+            run = deepgemm_decode_logits(*quantize_q_fp8(q, w), k_cache, rows, key_limit)
             got = run()
             t = bench(run)
             yield {**row, "new_us": t * 1e6, "new": "deepgemm fp8_paged_mqa_logits (fp8 q, quantized outside)",
-                   "rel_err": rel_err(got[:, :keys], want)}
+                   "rel_err": rel_err(got[:, :keys][seen], want)}
 
 
 def main():

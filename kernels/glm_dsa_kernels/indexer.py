@@ -53,7 +53,9 @@ class IndexerConfig:
     block_q: int = 1  # queries per program: 1 = the decode kernel, > 1 = the prefill kernel (keys read once a block)
     block_n: int = 64  # keys per dot
     programs_per_query: int = 64  # decode kernel: programs sharing a query's key blocks (strided)
-    keys_per_program: int = 4096  # prefill kernel: keys one program scores for its query block
+    # prefill kernel: keys one program scores for its query block (0: its key blocks strided over
+    # programs_per_query programs, as in the decode kernel: a verify's query blocks in a decode graph)
+    keys_per_program: int = 4096
     num_stages: int = 3
     num_warps: int = 4
     topk_chunk: int = 8192  # keys per top-k candidates program (topk_select)
@@ -224,7 +226,8 @@ def _indexer_logits_blocked_kernel(
     Q_TERMS: tl.constexpr,
 ):
     """One program scores KEYS_PER_PROGRAM keys for BLOCK_Q consecutive queries (prefill), BLOCK_N
-    keys at a time. q and w of the block, [BLOCK_Q * 32, 128] and [BLOCK_Q * 32], are loaded and
+    keys at a time; KEYS_PER_PROGRAM 0: the grid's P programs of a query block take its key blocks
+    p, p + P, ... as the decode kernel does (an MTP verify's draft tokens under a decode graph). q and w of the block, [BLOCK_Q * 32, 128] and [BLOCK_Q * 32], are loaded and
     scaled once; each key block is read and converted once for all BLOCK_Q queries. The dot is
     S^T = k . q^T, [BLOCK_N, BLOCK_Q * 32]: with the keys on the left, sm_90's wgmma takes them
     from the registers they were converted in (q stays in shared memory), and each query's sum
@@ -232,7 +235,12 @@ def _indexer_logits_blocked_kernel(
     The block's queries may belong to several requests: one pass per request present (usually
     one) reads that request's page-table row up to its queries' largest key_limit and stores only
     its queries' logits; nothing at or past a query's key_limit is written."""
-    lo = tl.program_id(0) * KEYS_PER_PROGRAM
+    if KEYS_PER_PROGRAM > 0:
+        lo = tl.program_id(0) * KEYS_PER_PROGRAM
+        step = BLOCK_N
+    else:
+        lo = tl.program_id(0) * BLOCK_N
+        step = tl.num_programs(0) * BLOCK_N
     t0 = tl.program_id(1) * BLOCK_Q
     tq = t0 + tl.arange(0, BLOCK_Q)
     limit = tl.load(key_limit_ptr + tq, mask=tq < T, other=0)
@@ -257,7 +265,8 @@ def _indexer_logits_blocked_kernel(
             todo = todo & (req != b)
             n = tl.max(lim, 0)
             pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
-            for j0 in tl.range(lo, tl.minimum(lo + KEYS_PER_PROGRAM, n), BLOCK_N, num_stages=NUM_STAGES):
+            end = tl.minimum(lo + KEYS_PER_PROGRAM, n) if KEYS_PER_PROGRAM > 0 else n
+            for j0 in tl.range(lo, end, step, num_stages=NUM_STAGES):
                 k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
                 pos = j0 + tl.arange(0, BLOCK_N)
                 s = _qk(q, q_lo, k, Q_TERMS)  # [BLOCK_N, BLOCK_Q * 32]
@@ -313,7 +322,9 @@ def indexer_logits(
             _indexer_logits_kernel[(programs, T)](*args, *strides, **meta)
         else:
             assert c.keys_per_program % c.block_n == 0  # key blocks start at multiples of block_n
-            grid = (triton.cdiv(logits.shape[1], c.keys_per_program), triton.cdiv(T, c.block_q))
+            spread = (triton.cdiv(logits.shape[1], c.keys_per_program) if c.keys_per_program
+                      else min(c.programs_per_query, triton.cdiv(logits.shape[1], c.block_n)))
+            grid = (spread, triton.cdiv(T, c.block_q))
             _indexer_logits_blocked_kernel[grid](*args, T, *strides, BLOCK_Q=c.block_q,
                                                  KEYS_PER_PROGRAM=c.keys_per_program, **meta)
     return logits

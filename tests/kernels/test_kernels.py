@@ -173,6 +173,8 @@ def test_warp_specialized_config_rules():
     # query blocks: T = 7 queries of random requests, so blocks straddle requests and the last is short
     IndexerConfig(block_q=4, block_n=64, keys_per_program=128, num_stages=2, topk_sample=512),
     IndexerConfig(block_q=2, block_n=128, keys_per_program=256, num_stages=2, topk_sample=512),
+    # query blocks whose key blocks are strided over 3 programs (a verify's draft tokens in a decode graph)
+    IndexerConfig(block_q=4, block_n=64, keys_per_program=0, programs_per_query=3, num_stages=2, topk_sample=512),
 ])
 def test_indexer(device, k_fp8, config):
     dev = _dev(device)
