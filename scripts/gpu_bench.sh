@@ -266,7 +266,9 @@ case "$1" in
     kind=$1 dir=$1_configs
     if [ "$kind" = gemm ]; then
       tune_on=${GEMM_TUNE:-1} results=fp8_gemm_tuning.json runs="indexcache:decode_b1,decode_b32"
-      tuner="../../kernels/tune_fp8_gemm.py --tp ${GEMM_TP:-1} --m ${GEMM_M:-1,16,64}"
+      tuner="../../kernels/tune_fp8_gemm.py --tp ${GEMM_TP:-1} --m ${GEMM_M:-1,16,64} ${GEMM_ONLY:+--only $GEMM_ONLY}"
+      # GEMM_DRAFT_HEAD=1: the MTP draft's FP8 LM head too (GEMM_ONLY="draft head": that shape alone)
+      [ "${GEMM_DRAFT_HEAD:-0}" = 1 ] && tuner="$tuner --draft-head"
     else
       # batches in order of use: decode and verify at batch 1, then at 32 (the files grow batch by batch)
       tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1,decode_b32"

@@ -28,10 +28,14 @@ SGLANG_INDEXER = "sglang"  # SGLang's CUDA `Indexer` (FP8 index-K pool only its 
 # breakable prefill graphs; the GPU suite served it (session 18), off by default until its speed is measured.
 DRAFT_PREFILL_GRAPHS = "mtp_draft_prefill_graphs"
 
+# Launch key: the MTP draft's logits from a block-FP8 copy of the LM head (sglang_glm.mtp.draft_head); the
+# verify keeps the BF16 head, so tokens are unchanged. Off by default until its speed and acceptance are measured.
+DRAFT_HEAD_FP8 = "mtp_draft_head_fp8"
+
 INDEX_SHARE = "index_share_for_mtp_iteration"
 # The config fields the plugin reads, settable at launch with --json-model-override-args.
 PLUGIN_FIELDS = ("index_topk", "indexer_types", "index_topk_pattern", "index_topk_freq",
-                 "index_skip_topk_offset", INDEX_SHARE, RECYCLE_FIELD, DRAFT_PREFILL_GRAPHS)
+                 "index_skip_topk_offset", INDEX_SHARE, RECYCLE_FIELD, DRAFT_PREFILL_GRAPHS, DRAFT_HEAD_FP8)
 
 # MoE routing fields SGLang's DeepseekV2MoE reads and transformers' GlmMoeDsaConfig omits.
 _MOE_ROUTING_DEFAULTS = (("topk_method", "noaux_tc"), ("scoring_func", "sigmoid"))
@@ -46,6 +50,7 @@ class GlmDsaSettings:
     indexer: str  # GLM_INDEXER or SGLANG_INDEXER
     attention_backends: tuple[Optional[str], ...]  # SGLang's (prefill, decode) backend names
     draft_prefill_graphs: bool = False  # DRAFT_PREFILL_GRAPHS: the draft exposes `layers` to SGLang
+    draft_head_fp8: bool = False  # DRAFT_HEAD_FP8: the draft's logits from an FP8 copy of the LM head
 
     @classmethod
     def from_config(
@@ -67,6 +72,9 @@ class GlmDsaSettings:
             indexer=SGLANG_INDEXER if SGLANG_DSA_BACKEND in attention_backends else GLM_INDEXER,
             attention_backends=tuple(attention_backends),
             draft_prefill_graphs=resolve_draft_prefill_graphs(hf_config, override),
+            draft_head_fp8=_field(hf_config, override, DRAFT_HEAD_FP8, bool, False,
+                                  "true (the MTP draft's logits from a block-FP8 copy of the LM head; the "
+                                  "verify keeps BF16) or false"),
         )
 
     @classmethod

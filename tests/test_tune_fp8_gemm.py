@@ -113,3 +113,11 @@ def test_candidates_run_through_sglangs_own_launcher():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("\n") == 4
+
+
+def test_the_draft_heads_shape_per_rank(tmp_path):
+    cfg = glm52_config(tmp_path)
+    assert tune.draft_head_shape(cfg, 1) == {"draft head": (154880, 6144)}
+    assert tune.draft_head_shape(cfg, 8) == {"draft head": (19360, 6144)}
+    assert tune.draft_head_shape(dict(cfg, vocab_size=1000), 8) == {"draft head": (128, 6144)}  # 1024 / 8
+    assert tune.draft_head_shape(dict(cfg, vocab_size=1000), 3) == {"draft head": (384, 6144)}  # 1152 / 3

@@ -55,6 +55,14 @@ def linear_shapes(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
     }
 
 
+def draft_head_shape(cfg: dict, tp: int) -> dict[str, tuple[int, int]]:
+    """(N, K) per rank of the MTP draft's block-FP8 LM head (`mtp_draft_head_fp8`): the vocabulary padded as
+    SGLang's ParallelLMHead pads it (to 64 rows, or 64 x tp where 64 does not split evenly), split over the
+    ranks, by the hidden size."""
+    pad = 64 if -(-cfg["vocab_size"] // 64) * 64 % tp == 0 else 64 * tp
+    return {"draft head": (-(-cfg["vocab_size"] // pad) * pad // tp, cfg["hidden_size"])}
+
+
 def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
     """Launch configs worth timing at batch M: up to 64 tokens the weight tile on the MMA's M side
     (SWAP_AB, the token tile on its N side) with K split so the programs fill the GPU, beside plain
@@ -127,6 +135,7 @@ def main() -> None:
     ap.add_argument("--anchors", default="256", help="batches written with SGLang's own launch where the file "
                     "has none (tuning.merge_into)")
     ap.add_argument("--only", default="", help="comma list of linear names (default: all)")
+    ap.add_argument("--draft-head", action="store_true", help="also the MTP draft's FP8 LM head (mtp_draft_head_fp8)")
     ap.add_argument("--out-configs", type=Path, default=SHIPPED, help="where the config files go (merged per M)")
     ap.add_argument("--results", type=Path, required=True)
     ap.add_argument("--deadline-s", type=float, default=1e9, help="stop starting shapes after this long")
@@ -145,7 +154,7 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     shapes = {}
     for tp in map(int, args.tp.split(",")):
-        for name, nk in linear_shapes(cfg, tp).items():
+        for name, nk in {**linear_shapes(cfg, tp), **(draft_head_shape(cfg, tp) if args.draft_head else {})}.items():
             if not args.only or name in args.only.split(","):
                 shapes.setdefault(nk, []).append(f"{name} (tp {tp})")
     sglang_lookup = fp8_kernel.get_w8a8_block_fp8_configs

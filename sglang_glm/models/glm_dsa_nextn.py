@@ -42,6 +42,7 @@ from sglang_glm.models.weights import (
     fused_shared_experts,
     TensorLoader,
 )
+from sglang_glm.mtp.draft_head import Fp8DraftHead
 from sglang_glm.mtp.index_share import SharedTopkTable, compact_last_accepted
 from sglang_glm.mtp.recycle import carried_hidden
 from sglang_glm.settings import GlmDsaSettings, module_config
@@ -135,6 +136,7 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
             config.vocab_size, config.hidden_size, prefix=add_prefix("model.shared_head.head", prefix)
         )
         self.logits_processor = LogitsProcessor(config)
+        self.draft_head: Optional[Fp8DraftHead] = None  # set_embed_and_head, with mtp_draft_head_fp8
         self._shared: Optional[SharedTopkTable] = None  # allocate_forward_buffers
         logger.info(
             "GLM-DSA MTP draft: carry=%s, index_share_for_mtp_iteration=%s (MTP indexer %s)",
@@ -158,6 +160,11 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
         del self.lm_head.weight
         self.model.embed_tokens.weight = embed
         self.lm_head.weight = head
+        if self.settings.draft_head_fp8:  # before SGLang captures the draft's graphs (EAGLE's init_lm_head)
+            self.draft_head = Fp8DraftHead(head)
+            logger.info("GLM-DSA MTP draft head: block-FP8 copy of the LM head (%d x %d, %.2f GB) for the "
+                        "draft's logits; the verify keeps the BF16 head (mtp_draft_head_fp8)",
+                        *head.shape, self.draft_head.nbytes() / 1e9)
 
     # ---- forward --------------------------------------------------------------------------------
 
@@ -182,8 +189,16 @@ class GlmMoeDsaForCausalLMNextN(SharedExpertFusion, nn.Module):
         pre, post = self.model(input_ids, positions, forward_batch, topk_rows)
         if not is_draft_step and self.settings.index_share and not mode.is_idle():
             self._store_last_accepted(forward_batch, input_ids.shape[0])
-        return self.logits_processor(input_ids, post, self.lm_head, forward_batch,
+        return self.logits_processor(input_ids, post, self._head(), forward_batch,
                                      aux_hidden_states=carried_hidden(self.settings.recycle, pre))
+
+    def _head(self):
+        if not self.settings.draft_head_fp8:
+            return self.lm_head
+        if self.draft_head is None:  # SGLang shares the target's head through set_embed_and_head
+            raise RuntimeError("mtp_draft_head_fp8 is on but SGLang never handed the draft the target's LM head "
+                               "(set_embed_and_head); drop the key")
+        return self.draft_head
 
     def _store_last_accepted(self, forward_batch: ForwardBatch, num_tokens: int) -> None:
         """Compact this draft-extend's top-k rows to each request's last accepted token."""

@@ -6,7 +6,8 @@ verified window) must all replay, with SGLang's overlap scheduler on (its defaul
 trees, at batch sizes from 1 to the largest captured one. A silent fall-back to eager fails here.
 The draft-extend after a prefill (ragged prompt lengths) is eager by SGLang's design, unless the
 launch asks for the draft's prefill graphs (`mtp_draft_prefill_graphs`, last test); passes before
-the server is up (graph capture runs the draft steps eagerly) are not counted.
+the server is up (graph capture runs the draft steps eagerly) are not counted. The last test serves
+the draft's FP8 LM head (`mtp_draft_head_fp8`).
 """
 
 import json
@@ -76,4 +77,29 @@ def test_draft_prefill_under_breakable_cuda_graphs(models):
     assert "Capture draft prefill CUDA graph end" in server_log, server_log[-3000:]
     assert "GLM-DSA MTP draft prefill: captured" in server_log
     assert replays > 0, prefills[-5:]
+    result.assert_agrees()
+
+
+def test_fp8_draft_head(models):
+    """`mtp_draft_head_fp8: true` (EAGLE 3/4, graphs on): SGLang's block-FP8 GEMM on the draft head's copy
+    matches the plugin's reference of the same rounded operands, the server drafts through it (its
+    start-up line), and the tokens agree with the reference: the verify keeps the BF16 head."""
+    import torch
+
+    from sglang_glm.mtp.draft_head import Fp8DraftHead, fp8_head_logits_ref
+
+    torch.manual_seed(0)
+    head = Fp8DraftHead((torch.randn(1000, 512, device="cuda") * 0.02).bfloat16())
+    for tokens in (1, 4, 37):
+        x = torch.randn(tokens, 512, device="cuda").bfloat16()
+        got = head.quant_method.apply(head, x).float()
+        want = fp8_head_logits_ref(x.float(), head.weight, head.weight_scale_inv)
+        assert ((got - want).norm() / want.norm()).item() < 1e-2, tokens
+
+    name = "fp8_draft_head"
+    args = (*CHAIN, "--json-model-override-args", json.dumps({"mtp_draft_head_fp8": True}))
+    with gpu_server(models["glm52"], name, *args) as url:
+        _, result, _ = serve_and_judge(url, models["glm52"], name)
+    server_log = (results_dir() / f"server_{name}.log").read_text()
+    assert "GLM-DSA MTP draft head: block-FP8 copy of the LM head" in server_log, server_log[-3000:]
     result.assert_agrees()

@@ -34,6 +34,7 @@ Configs (the model directory's own plan is IndexCache on, one full layer in four
   eagle_S_T       EAGLE with S draft steps, T = S + 1 tokens verified, the checkpoint's index share
                   (S in 1, 2, 3, 5); eagle_3_4_no_overlap: SGLang's overlap scheduler off
   prefill_graphs  prefill under SGLang's breakable CUDA graphs; eagle_3_4_prefill_graphs: with EAGLE 3/4
+  eagle_3_4_fp8_head  EAGLE 3/4 drafting from a block-FP8 copy of the LM head (mtp_draft_head_fp8)
 
 A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
 with its long-context pool; one with weights (a trained model) is served as is (outside the Triton
@@ -143,6 +144,8 @@ def configs(n_layers: int, model: Path | None = None) -> dict[str, list[str]]:
         "eagle_3_4_no_overlap": EAGLE + ["--disable-overlap-schedule"],
         "prefill_graphs": PREFILL_GRAPHS,
         "eagle_3_4_prefill_graphs": EAGLE + PREFILL_GRAPHS,
+        # the draft's logits from a block-FP8 copy of the LM head (the verify keeps BF16)
+        "eagle_3_4_fp8_head": EAGLE + override(mtp_draft_head_fp8=True),
         # the draft's LM head cut to the map's rows (SGLang's --speculative-token-map)
         **({"eagle_3_4_token_map": EAGLE + ["--speculative-token-map", str(hot_vocab)]}
            if hot_vocab is not None and hot_vocab.exists() else {}),
