@@ -266,13 +266,15 @@ case "$1" in
     kind=$1 dir=$1_configs
     if [ "$kind" = gemm ]; then
       tune_on=${GEMM_TUNE:-1} results=fp8_gemm_tuning.json runs="indexcache:decode_b1,decode_b32"
-      tuner="../../kernels/tune_fp8_gemm.py --tp ${GEMM_TP:-1} --m ${GEMM_M:-1,16,64} ${GEMM_ONLY:+--only $GEMM_ONLY}"
-      # GEMM_DRAFT_HEAD=1: the MTP draft's FP8 LM head too (GEMM_ONLY="draft head": that shape alone)
-      [ "${GEMM_DRAFT_HEAD:-0}" = 1 ] && tuner="$tuner --draft-head"
+      tuner=(../../kernels/tune_fp8_gemm.py --tp "${GEMM_TP:-1}" --m "${GEMM_M:-1,16,64}")
+      # GEMM_ONLY: a comma list of the tuner's shape names; GEMM_DRAFT_HEAD=1: the MTP draft's FP8 LM head
+      # too (with GEMM_ONLY="draft head": that shape alone)
+      [ -n "${GEMM_ONLY:-}" ] && tuner+=(--only "$GEMM_ONLY")
+      [ "${GEMM_DRAFT_HEAD:-0}" = 1 ] && tuner+=(--draft-head)
     else
       # batches in order of use: decode and verify at batch 1, then at 32 (the files grow batch by batch)
       tune_on=${MOE_TUNE:-1} results=fused_moe_tuning.json runs="indexcache:decode_b1,decode_b32 eagle_3_4:decode_b1,decode_b32"
-      tuner="../../kernels/tune_fused_moe.py --tp ${MOE_TP:-1} --m ${MOE_M:-1,4,32,128,8,16,64}"
+      tuner=(../../kernels/tune_fused_moe.py --tp "${MOE_TP:-1}" --m "${MOE_M:-1,4,32,128,8,16,64}")
     fi
     make_g > /dev/null
     mkdir -p "$WORK/$dir" && cp ../../../sglang_glm/$dir/*.json "$WORK/$dir/" 2>/dev/null
@@ -280,7 +282,7 @@ case "$1" in
     # The mode exits with the worst status of its steps; with no config files it serves nothing.
     worst=0
     { if [ "$tune_on" = 1 ]; then
-        limit "${TUNE_TIMEOUT:-260}" python3 $tuner --config /tmp/glm52/config.json --out-configs "$WORK/$dir" \
+        limit "${TUNE_TIMEOUT:-260}" python3 "${tuner[@]}" --config /tmp/glm52/config.json --out-configs "$WORK/$dir" \
           --results "$WORK/$results" --deadline-s $((${TUNE_TIMEOUT:-260} - 40)) || worst=$?
       fi
       if [ "${SERVE:-1}" = 1 ] && ! ls "$WORK/$dir"/*.json > /dev/null 2>&1; then
