@@ -13,7 +13,7 @@ from typing import Any, Optional
 from sglang_glm.attention.backends import (
     PLUGIN_BACKENDS, SGLANG_DSA_BACKEND, TORCH_BACKEND, TRITON_BACKEND, triton_geometry_problem,
 )
-from sglang_glm.settings import DRAFT_PREFILL_GRAPHS
+from sglang_glm.settings import DRAFT_HEAD_FP8, DRAFT_PREFILL_GRAPHS
 from sglang_glm.warmup import NAME as PREFILL_WARMUP
 
 
@@ -115,6 +115,17 @@ def check_draft_prefill_graphs(asked: bool, attention_backend: Optional[str], pr
         f"served on {TRITON_BACKEND} only; add --cuda-graph-backend-prefill breakable (on "
         f"{TRITON_BACKEND}) or drop {DRAFT_PREFILL_GRAPHS} from --json-model-override-args"
     )
+
+
+def check_draft_head_fp8(asked: bool, algorithm: Optional[str]) -> None:
+    """`mtp_draft_head_fp8: true` changes the MTP draft's logits only: asked without a draft, it would
+    change nothing, so start-up says so instead of serving as if it applied."""
+    if asked and not algorithm:
+        raise ValueError(
+            f"{DRAFT_HEAD_FP8} = true without --speculative-algorithm: the FP8 head serves the MTP draft's "
+            f"logits only; add --speculative-algorithm EAGLE or drop {DRAFT_HEAD_FP8} from "
+            f"--json-model-override-args"
+        )
 
 
 class UnsupportedSpecConfig(ValueError):

@@ -72,9 +72,7 @@ class GlmDsaSettings:
             indexer=SGLANG_INDEXER if SGLANG_DSA_BACKEND in attention_backends else GLM_INDEXER,
             attention_backends=tuple(attention_backends),
             draft_prefill_graphs=resolve_draft_prefill_graphs(hf_config, override),
-            draft_head_fp8=_field(hf_config, override, DRAFT_HEAD_FP8, bool, False,
-                                  "true (the MTP draft's logits from a block-FP8 copy of the LM head; the "
-                                  "verify keeps BF16) or false"),
+            draft_head_fp8=resolve_draft_head_fp8(hf_config, override),
         )
 
     @classmethod
@@ -120,6 +118,13 @@ def resolve_draft_prefill_graphs(hf_config: Any, override: Mapping[str, Any] | N
     return _field(hf_config, override or {}, DRAFT_PREFILL_GRAPHS, bool, False,
                   "true (the MTP draft's prefill replays SGLang's breakable prefill graphs, with "
                   "--cuda-graph-backend-prefill breakable) or false")
+
+
+def resolve_draft_head_fp8(hf_config: Any, override: Mapping[str, Any] | None = None) -> bool:
+    """`mtp_draft_head_fp8` from the launch override, else the config; False when absent."""
+    return _field(hf_config, override or {}, DRAFT_HEAD_FP8, bool, False,
+                  "true (the MTP draft's logits from a block-FP8 copy of the LM head; the verify keeps BF16) "
+                  "or false")
 
 
 def module_config(hf_config: Any) -> Any:

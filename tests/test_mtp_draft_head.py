@@ -109,3 +109,14 @@ def test_served_fp8_draft_head_is_lossless_and_drafts_with_fp8_logits(tmp_path, 
     bf16_accept, fp8_accept = (sum(runs[n][1]) / len(prompts) for n in ("bf16", "fp8"))
     assert fp8_accept > 0.85 * bf16_accept and fp8_accept > 1.5, (fp8_accept, bf16_accept)
     print(json.dumps({"accept_bf16_head": bf16_accept, "accept_fp8_head": fp8_accept, "first_logits_rel_diff": diff}))
+
+
+@pytest.mark.skipif(not MINI.exists(), reason=f"trained model not found at {MINI}")
+def test_fp8_head_without_a_draft_fails_at_start_up():
+    import sglang as sgl
+
+    from serving import ENGINE_DEFAULTS
+
+    with pytest.raises(Exception, match="mtp_draft_head_fp8 = true without --speculative-algorithm: the FP8 head "
+                                        "serves the MTP draft's logits only"):
+        sgl.Engine(model_path=str(MINI), **ENGINE_DEFAULTS, json_model_override_args='{"mtp_draft_head_fp8": true}')

@@ -1,6 +1,6 @@
 """Launch hooks: adapters from SGLang's server-arg resolution to `sglang_glm.launch_policy`, which
-decides (model-specific defaults, prefill without CUDA graphs, the MTP draft's prefill graphs and
-speculative flags checked at start-up)."""
+decides (model-specific defaults, prefill without CUDA graphs, the MTP draft's prefill graphs, its FP8
+head and speculative flags checked at start-up)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import logging
 from sglang_glm.attention.backends import on_cpu_engine
 from sglang_glm.hooks.base import Hook, is_glm_dsa
 from sglang_glm.launch_policy import (
-    UserArgs, check_attention_backends, check_draft_prefill_graphs, check_spec_algorithm, check_spec_args,
-    launch_decisions, prefill_cuda_graphs,
+    UserArgs, check_attention_backends, check_draft_head_fp8, check_draft_prefill_graphs, check_spec_algorithm,
+    check_spec_args, launch_decisions, prefill_cuda_graphs,
 )
-from sglang_glm.settings import parse_override, resolve_draft_prefill_graphs
+from sglang_glm.settings import parse_override, resolve_draft_head_fp8, resolve_draft_prefill_graphs
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,11 @@ def _validate_glm_dsa_spec(original, server_args, *args, **kwargs):
         check_spec_algorithm(resolving_view(server_args).speculative_algorithm)
     result = original(server_args, *args, **kwargs)
     if glm_dsa:
-        check_spec_args(resolving_view(server_args), on_cpu=on_cpu_engine())
+        user = resolving_view(server_args)
+        check_spec_args(user, on_cpu=on_cpu_engine())
+        asked = resolve_draft_head_fp8(model_config_of(server_args).hf_config,
+                                       parse_override(user.json_model_override_args))
+        check_draft_head_fp8(asked, user.speculative_algorithm)
     return result
 
 
