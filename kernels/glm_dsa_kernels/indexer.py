@@ -265,7 +265,10 @@ def _indexer_logits_blocked_kernel(
             todo = todo & (req != b)
             n = tl.max(lim, 0)
             pages_row = page_table_ptr + b.to(tl.int64) * stride_pb
-            end = tl.minimum(lo + KEYS_PER_PROGRAM, n) if KEYS_PER_PROGRAM > 0 else n
+            if KEYS_PER_PROGRAM > 0:
+                end = tl.minimum(lo + KEYS_PER_PROGRAM, n)
+            else:
+                end = n
             for j0 in tl.range(lo, end, step, num_stages=NUM_STAGES):
                 k, scale = _key_block(k_ptr, pages_row, j0, n, BLOCK_N, K_FP8, PAGE, DOT_DTYPE, F16_DTYPE, Q_TERMS > 0)
                 pos = j0 + tl.arange(0, BLOCK_N)
