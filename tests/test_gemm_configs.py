@@ -50,7 +50,10 @@ def test_the_package_ships_only_well_formed_configs():
     """Every shipped file parses as SGLang's loader reads it, for 128 x 128 blocks."""
     keys = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"}
     shipped = sorted(gemm.TUNED.glob("*.json"))
-    assert len(shipped) == 9, [p.name for p in shipped]  # GLM-5.2's nine block-FP8 linear shapes at TP 1
+    # GLM-5.2's nine block-FP8 linear shapes at TP 1, for each GPU tuned on
+    by_gpu = {gpu: [p for p in shipped if f"device_name={gpu}," in p.name] for gpu in ("NVIDIA_H200", "NVIDIA_H100_80GB_HBM3")}
+    assert {gpu: len(files) for gpu, files in by_gpu.items()} == {"NVIDIA_H200": 9, "NVIDIA_H100_80GB_HBM3": 9}
+    assert len(shipped) == 18, [p.name for p in shipped]
     for path in shipped:
         assert path.name.endswith("dtype=fp8_w8a8,block_shape=[128, 128].json"), path.name
         for m, cfg in json.loads(path.read_text()).items():

@@ -28,12 +28,14 @@ def test_glm52_linear_shapes_per_rank(tmp_path):
 
 
 def test_the_shipped_configs_are_the_served_shapes(tmp_path):
-    """One H200 file per block-FP8 linear the model builds at TP 1 (q_a and kv_a as their one fused GEMM),
-    none for a shape it no longer runs."""
+    """One file per GPU tuned on (H200, H100) for each block-FP8 linear the model builds at TP 1 (q_a and kv_a
+    as their one fused GEMM), none for a shape it no longer runs."""
     from sglang_glm.hooks import gemm
 
-    shipped = {tuple(int(f.split("=")[1]) for f in p.name.split(",")[:2]) for p in gemm.TUNED.glob("*NVIDIA_H200*.json")}
-    assert shipped == set(tune.linear_shapes(glm52_config(tmp_path), 1).values())
+    served = set(tune.linear_shapes(glm52_config(tmp_path), 1).values())
+    for gpu in ("NVIDIA_H200", "NVIDIA_H100_80GB_HBM3"):
+        shipped = {tuple(int(f.split("=")[1]) for f in p.name.split(",")[:2]) for p in gemm.TUNED.glob(f"*{gpu},*.json")}
+        assert shipped == served, gpu
 
 
 def test_candidates_split_only_what_k_has_and_swap_only_small_batches():
