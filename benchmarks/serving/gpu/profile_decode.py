@@ -54,7 +54,7 @@ FAMILIES = [
     # the plugin's Triton kernels (both indexer launches, the Hopper Gluon sparse MLA); SGLang's own path's
     # DeepGEMM MQA logits and FlashMLA's sparse prefill / decode / combine kernels (the peer)
     ("indexer logits", r"_indexer_logits|mqa_logits"),
-    ("top-k select", r"_sample_bound_kernel|_candidates_kernel|_select_kernel"),
+    ("top-k select", r"_sample_bound_kernel|_candidates_kernel|_select_kernel|_select_small_kernel"),
     ("sparse MLA", r"sparse_mla_fwd|_merge_splits_kernel|sparse_attn_fwd|flash_fwd_splitkv_mla|mla_combine"),
     # torch.topk: the peer's indexer top-k (--dsa-topk-backend torch), or MoE routing where it calls it
     ("torch top-k", r"gatherTopK|sbtopk|radixSelect"),
