@@ -390,14 +390,16 @@ def make_index_cache(B, keys_per_req, fmt="fp8"):
     return k_cache, page_table
 
 
-def decode_indexer_inputs(B, keys):
-    """One decode query per request, each seeing all `keys` of its request (FP8 keys):
+def decode_indexer_inputs(B, keys, per=1):
+    """B requests of `keys` FP8 index keys, each bringing `per` consecutive queries (1: decode, each query
+    seeing all its request's keys; an MTP verify's draft tokens: key limits keys - per + 1 .. keys):
     (q, weights, k_cache, page_table, query_req, key_limit)."""
     k_cache, page_table = make_index_cache(B, keys)
-    q = torch.randn(B, 32, 128, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(B, 32, device="cuda") / 32
-    query_req = torch.arange(B, device="cuda", dtype=torch.int32)
-    key_limit = torch.full((B,), keys, device="cuda", dtype=torch.int32)
+    T = B * per
+    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(T, 32, device="cuda") / 32
+    query_req = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(per)
+    key_limit = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
     return q, w, k_cache, page_table, query_req, key_limit
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 # Run as a script, this folder is on sys.path already.
-from bench_kernels import bench, make_index_cache
+from bench_kernels import bench, decode_indexer_inputs
 
 from glm_dsa_kernels import indexer, sparse_mla
 from glm_dsa_kernels.indexer import IndexerConfig
@@ -44,19 +44,6 @@ def mla_rows(num_sms):
                "new_us": new_s * 1e6, "old": f"splits {OLD_MLA.splits}", "new": f"splits {new.splits}"}
 
 
-def decode_graph_inputs(B: int, keys: int, per: int):
-    """B requests of `keys` FP8 index keys, each bringing `per` consecutive queries (1: decode; an MTP
-    verify's draft tokens: key limits keys - per + 1 .. keys): (q, weights, k_cache, page_table,
-    query_req, key_limit)."""
-    k_cache, page_table = make_index_cache(B, keys)
-    T = B * per
-    q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(T, 32, device="cuda") / 32
-    query_req = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(per)
-    key_limit = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
-    return q, w, k_cache, page_table, query_req, key_limit
-
-
 def decode_shape_rows(before: Path | None, width=202752):
     """Per (batch, context, queries per request) in the decode graphs' width: this tree's indexer at
     its default and at other launch shapes, against `before`'s default (old: a glm_dsa_kernels copy;
@@ -76,7 +63,7 @@ def decode_shape_rows(before: Path | None, width=202752):
                                            (32, 32768))]
     shapes += [(B, keys, 4) for B, keys in ((1, 4096), (8, 4096), (32, 4096), (1, 32768), (8, 32768), (32, 32768))]
     for B, keys, per in shapes:
-        q, w, k_cache, page_table, query_req, key_limit = decode_graph_inputs(B, keys, per)
+        q, w, k_cache, page_table, query_req, key_limit = decode_indexer_inputs(B, keys, per)
         page_table = torch.nn.functional.pad(page_table, (0, (width - keys) // 64))
         T = B * per
         seen = torch.arange(keys, device="cuda")[None, :] < key_limit[:, None]

@@ -229,21 +229,14 @@ def verify_indexer_sweep(ceil):
     from glm_dsa_kernels.indexer import IndexerConfig as IC
     from glm_dsa_kernels.indexer import indexer_bytes, indexer_flops
 
-    from bench_kernels import make_index_cache
-
     per = 4
     cands = [IC(), IC(programs_per_query=8), IC(q_terms=2)] + [
         IC(block_q=bq, block_n=64, keys_per_program=kpp, num_stages=st, q_terms=qt)
         for bq, kpp, st, qt in ((4, 4096, 3, 0), (4, 2048, 3, 0), (4, 4096, 5, 0), (2, 4096, 3, 0), (4, 4096, 3, 2))]
     for B, keys in ((64, 65536), (32, 131072)):
         problem = f"verify indexer {B} requests x {per} queries x {keys // 1024}K keys"
-        k_cache, pt = make_index_cache(B, keys)
-        T = B * per
-        q = torch.randn(T, 32, 128, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(T, 32, device="cuda") / 32
-        qr = torch.arange(B, device="cuda", dtype=torch.int32).repeat_interleave(per)
-        kl = (keys - per + 1 + torch.arange(T, device="cuda", dtype=torch.int32) % per).int()
-        nb = indexer_bytes(B * keys, T, 2048)  # keys read once per request: the floor a block can reach
+        q, w, k_cache, pt, qr, kl = decode_indexer_inputs(B, keys, per)
+        nb = indexer_bytes(B * keys, q.shape[0], 2048)  # keys read once per request: the floor a block can reach
         floor = max(nb / ceil[0], indexer_flops(int(kl.sum())) / ceil[1])
         times = _time_logit_configs(problem, cands, (q, w, k_cache, pt, qr, kl), keys, floor, with_topk=True)
         log(f"{problem} (floor {floor * 1e6:.0f}us): " + "; ".join(f"{n} {t * 1e6:.1f}us" for t, n in times))
