@@ -47,6 +47,10 @@ def test_the_round_reads_more_experts_and_heads_than_a_step(glm52):
     mapped = rb.step_and_round(glm52, 1, 1, 3, 4096, hot_vocab=32768)
     assert mapped["plain_step_gb"] == one["plain_step_gb"]
     assert one["round_gb"] - mapped["round_gb"] == pytest.approx(3 * 2 * (154880 - 32768) * 6144 / 1e9)
+    # an FP8 draft head halves the draft's three heads; the verify keeps the target's BF16 head
+    fp8 = rb.step_and_round(glm52, 1, 1, 3, 4096, draft_head_bytes=1)
+    assert one["round_gb"] - fp8["round_gb"] == pytest.approx(3 * 154880 * 6144 / 1e9)
+    assert fp8["phases_gb"]["verify"] == one["phases_gb"]["verify"]
 
 
 def test_round_floor_by_hand():

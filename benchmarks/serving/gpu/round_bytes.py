@@ -13,7 +13,8 @@ What is counted, per GPU (tensor parallel `tp` splits heads, MLP widths and the 
 - the KV cache: each request's top-k rows per layer (FP8 rows of 656 bytes; a request's queries share
   them) and, in full layers, its whole index-K cache (132 bytes a position);
 - the LM head once per forward that samples (the verify, the draft-extend, each later draft step), cut to
-  `hot_vocab` rows in the draft when a token map is used.
+  `hot_vocab` rows in the draft when a token map is used, and at a byte a weight in the draft with
+  `mtp_draft_head_fp8` (the verify keeps the target's BF16 head).
 Activations, norms and the like are left out: they are small at decode batches.
 
 The last column is `round_floor`: with a plain step's served time on the H200, the fewest plain steps a
@@ -53,13 +54,14 @@ def layer_bytes(cfg: dict, tp: int, batch: int, tokens: int, context: int, dense
     return attn + cfg["n_shared_experts"] * expert + 2 * h * cfg["n_routed_experts"] + routed * expert
 
 
-def step_and_round(cfg: dict, tp: int, batch: int, steps: int, context: int, hot_vocab: int | None = None) -> dict:
+def step_and_round(cfg: dict, tp: int, batch: int, steps: int, context: int, hot_vocab: int | None = None,
+                   draft_head_bytes: int = 2) -> dict:
     """Bytes of a plain step, and of a round by phase (verify, draft-extend, later draft steps)."""
     n, k_dense = cfg["num_hidden_layers"], cfg["first_k_dense_replace"]
     full = [t == "full" for t in cfg.get("indexer_types") or ["full"] * n]
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     head = 2 * vocab * h / tp
-    draft_head = 2 * (hot_vocab or vocab) * h / tp
+    draft_head = draft_head_bytes * (hot_vocab or vocab) * h / tp
 
     def model(tokens):
         return sum(layer_bytes(cfg, tp, batch, tokens, context, i < k_dense, full[i]) for i in range(n)) + head
@@ -100,29 +102,31 @@ def main() -> None:
 
     base = json.loads(args.config.read_text())
     rows = []
-    print("| model | batch | plain step GB | round GB | round in plain steps | with a token map | floor at batch 1 "
-          "(no map / map) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | batch | plain step GB | round GB | round in plain steps | with a token map | with an FP8 draft "
+          "head | floor at batch 1 (no map / map / FP8 head / both) |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, layers, experts, tp, plain_ms in CASES:
         cfg = dict(base, num_hidden_layers=layers, n_routed_experts=experts or base["n_routed_experts"])
         pattern = base["indexer_types"][:4]  # the proxy's plan: one full layer in four
         cfg["indexer_types"] = (pattern * layers)[:layers]
         for batch in (1, 8, 32):
-            plain = step_and_round(cfg, tp, batch, args.steps, args.context)
-            mapped = step_and_round(cfg, tp, batch, args.steps, args.context, args.hot_vocab)
+            variants = {"": {}, "_token_map": {"hot_vocab": args.hot_vocab}, "_fp8_head": {"draft_head_bytes": 1},
+                        "_token_map_fp8_head": {"hot_vocab": args.hot_vocab, "draft_head_bytes": 1}}
+            runs = {name: step_and_round(cfg, tp, batch, args.steps, args.context, **kw) for name, kw in variants.items()}
+            plain = runs[""]
             floor = {}
             if batch == 1 and plain_ms:
                 floor = {"h200_plain_step_ms": plain_ms, "h200_copy_tbps": H200_COPY_TBPS,
-                         "floor_in_plain_steps": round_floor(plain["plain_step_gb"], plain["round_gb"], plain_ms),
-                         "floor_in_plain_steps_token_map": round_floor(plain["plain_step_gb"], mapped["round_gb"],
-                                                                       plain_ms)}
+                         **{f"floor_in_plain_steps{name}": round_floor(plain["plain_step_gb"], run["round_gb"], plain_ms)
+                            for name, run in runs.items()}}
             rows.append(dict(model=label, layers=layers, experts=cfg["n_routed_experts"], tp=tp, batch=batch,
                              context=args.context, steps=args.steps, **plain,
-                             round_in_plain_steps_token_map=mapped["round_in_plain_steps"], **floor))
-            shown = (f"{floor['floor_in_plain_steps']:.2f} / {floor['floor_in_plain_steps_token_map']:.2f}"
-                     if floor else "")
+                             round_in_plain_steps_token_map=runs["_token_map"]["round_in_plain_steps"],
+                             round_in_plain_steps_fp8_head=runs["_fp8_head"]["round_in_plain_steps"], **floor))
+            shown = " / ".join(f"{floor[f'floor_in_plain_steps{name}']:.2f}" for name in variants) if floor else ""
             print(f"| {label} | {batch} | {plain['plain_step_gb']:.2f} | {plain['round_gb']:.2f} | "
-                  f"{plain['round_in_plain_steps']:.2f} | {mapped['round_in_plain_steps']:.2f} | {shown} |")
+                  f"{plain['round_in_plain_steps']:.2f} | {runs['_token_map']['round_in_plain_steps']:.2f} | "
+                  f"{runs['_fp8_head']['round_in_plain_steps']:.2f} | {shown} |")
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
