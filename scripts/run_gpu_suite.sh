@@ -32,16 +32,20 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 # SGLang's breakable prefill CUDA graphs need cuda-python (benchmarks/serving/gpu/prefill_graphs.md)
 python3 -c "from cuda.bindings import runtime" 2>/dev/null && echo "cuda-python: present" | tee -a "$OUT/gpu_suite.log" \
   || echo "cuda-python: absent" | tee -a "$OUT/gpu_suite.log"
+# the ids this run selects, so a run cut by its timeout can name the tests that never started too
+python3 -m pytest tests/gpu -p no:cacheprovider --collect-only -q "$@" 2>/dev/null | grep "::" > /tmp/gpu_suite_ids.txt
 timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -n "${GPU_WORKERS:-7}" -rA -v "$@" \
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
-# cut by the timeout: name the tests that started and never reported (xdist prints a node id as it starts)
-[ "$rc" = 124 ] && python3 - "$OUT/gpu_suite.log" <<'PY' | tee -a "$OUT/gpu_suite.log"
+# cut by the timeout: every selected test without a result, started or not (xdist prints a node id as it starts)
+[ "$rc" = 124 ] && python3 - "$OUT/gpu_suite.log" /tmp/gpu_suite_ids.txt <<'PY' | tee -a "$OUT/gpu_suite.log"
 import re, sys
 log = open(sys.argv[1], errors="replace").read()
-started = re.findall(r"^(tests/gpu/\S+::\S+) $", log, re.M)
+selected = open(sys.argv[2]).read().split()
 done = set(re.findall(r"(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/gpu/\S+::\S+)", log))
-print("cut by GPU_SUITE_TIMEOUT, unfinished:", *[t for t in started if t not in done] or ["(none started)"], sep="\n  ")
+started = set(re.findall(r"^(tests/gpu/\S+::\S+)", log, re.M))
+print(f"cut by GPU_SUITE_TIMEOUT: {len(done)} of {len(selected)} selected tests reported; without a result:",
+      *[f"{t} ({'started' if t in started else 'not started'})" for t in selected if t not in done], sep="\n  ")
 PY
 if [ -n "${KERNEL_TESTS:-}" ]; then
   timeout "${KERNEL_TESTS_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -k "$KERNEL_TESTS" -p no:cacheprovider \
