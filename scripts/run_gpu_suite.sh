@@ -38,15 +38,7 @@ timeout "${GPU_SUITE_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovi
   2>&1 | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 # cut by the timeout: every selected test without a result, started or not (xdist prints a node id as it starts)
-[ "$rc" = 124 ] && python3 - "$OUT/gpu_suite.log" /tmp/gpu_suite_ids.txt <<'PY' | tee -a "$OUT/gpu_suite.log"
-import re, sys
-log = open(sys.argv[1], errors="replace").read()
-selected = open(sys.argv[2]).read().split()
-done = set(re.findall(r"(?:PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (tests/gpu/\S+::\S+)", log))
-started = set(re.findall(r"^(tests/gpu/\S+::\S+)", log, re.M))
-print(f"cut by GPU_SUITE_TIMEOUT: {len(done)} of {len(selected)} selected tests reported; without a result:",
-      *[f"{t} ({'started' if t in started else 'not started'})" for t in selected if t not in done], sep="\n  ")
-PY
+[ "$rc" = 124 ] && python3 scripts/gpu_suite_unfinished.py "$OUT/gpu_suite.log" /tmp/gpu_suite_ids.txt | tee -a "$OUT/gpu_suite.log"
 if [ -n "${KERNEL_TESTS:-}" ]; then
   timeout "${KERNEL_TESTS_TIMEOUT:-240}" python3 -m pytest tests/kernels -m gpu -k "$KERNEL_TESTS" -p no:cacheprovider \
     -q -rA 2>&1 | tee "$OUT/kernel_tests.log"
