@@ -10,7 +10,9 @@
 # prefill      29     bench_mtp, C: plain and EAGLE 3/4 with and without breakable prefill graphs, batch 1/8/32;
 #                     then a 4K and 32K prefill, G, with and without them
 # tokenmap     29     bench_gpu, G: EAGLE 3/4 with and without a 32768-id --speculative-token-map against plain
-#                     [GLM52_LAYERS, GLM52_EXPERTS (e.g. 40 and 64: a deep proxy), TOKENMAP_WORKLOADS, TOKENMAP_CONFIGS]
+#                     [GLM52_LAYERS, GLM52_EXPERTS (e.g. 40 and 64: a deep proxy), TOKENMAP_WORKLOADS, TOKENMAP_CONFIGS:
+#                     e.g. "indexcache eagle_3_4 eagle_3_4_fp8_head eagle_3_4_token_map_fp8_head", the FP8 draft head
+#                     alone and with the map (an 80 GB card: GLM52_LAYERS=6)]
 # ingraph      29,31  before/after: bench_host_metadata, then bench_gpu, G, plain and EAGLE 3/4 decode b1/b32
 #                     [INGRAPH_CONFIGS, INGRAPH_WORKLOADS (default decode_b1,decode_b32); on an H100 a server
 #                     starts in ~96 s, so REPEATS=3 fits one config's pair in a 10-minute call]

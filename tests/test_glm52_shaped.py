@@ -23,7 +23,9 @@ def test_model_directory_carries_a_token_map_that_bench_gpu_serves(tmp_path):
                                                   capture_output=True, text=True, check=True).stdout)
     assert with_map["eagle_3_4_token_map"] == with_map["eagle_3_4"] + ["--speculative-token-map",
                                                                         str(model / "hot_vocab.pt")]
-    assert "eagle_3_4_token_map" not in without
+    assert with_map["eagle_3_4_token_map_fp8_head"] == with_map["eagle_3_4_token_map"] + [
+        "--json-model-override-args", json.dumps({"mtp_draft_head_fp8": True})]
+    assert "eagle_3_4_token_map" not in without and "eagle_3_4_token_map_fp8_head" not in without
 
 
 def test_deeper_proxies_repeat_the_plan_and_refuse_fewer_than_four_layers(tmp_path):

@@ -4,7 +4,9 @@ GLM-DSA mini model, served by real SGLang (EAGLE 3 steps / 4 draft tokens, CPU, 
 - Lossless: greedy tokens == transformers' with any map.
 - The map's ids are mapped back right: a map holding every id in reverse order drafts exactly what no
   map drafts, so each request's acceptance equals its acceptance without a map.
-- A hot map from `benchmarks/mtp/make_token_map.py` (512 of 2048 ids) still gets drafts accepted.
+- A hot map from `benchmarks/mtp/make_token_map.py` (512 of 2048 ids) still gets drafts accepted, with the
+  BF16 head and with `mtp_draft_head_fp8` (the FP8 copy is then of the map's rows: the draft's logits are
+  512 wide).
 """
 
 import json
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mtp_trace
 from serving import engine, hf_greedy
 
 pytestmark = pytest.mark.slow
@@ -63,12 +66,28 @@ def test_full_map_in_reverse_drafts_what_no_map_drafts(prompts, want, no_map, tm
     assert accept == no_map[1] and min(accept) > 1.5
 
 
-def test_hot_map_is_lossless_and_drafts_are_accepted(prompts, want, tmp_path):
-    path = tmp_path / "hot_512.pt"
+@pytest.fixture(scope="module")
+def hot_map(tmp_path_factory):
+    path = tmp_path_factory.mktemp("map") / "hot_512.pt"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "mtp" / "make_token_map.py"), "--tokenizer", str(MINI),
                     "--text", str(ROOT / "benchmarks" / "train" / "data" / "calib.txt"), "--size", "512",
                     "--out", str(path)], check=True)
     assert len(torch.load(path)) == 512
-    tokens, accept = _serve(prompts, speculative_token_map=str(path))
+    return path
+
+
+def test_hot_map_is_lossless_and_drafts_are_accepted(prompts, want, hot_map):
+    tokens, accept = _serve(prompts, speculative_token_map=str(hot_map))
     assert tokens == want
     assert sum(accept) / len(accept) > 1.2
+
+
+def test_hot_map_with_the_fp8_draft_head(prompts, want, hot_map, tmp_path, monkeypatch):
+    mtp_trace.enable(monkeypatch, tmp_path)
+    tokens, accept = _serve(prompts, speculative_token_map=str(hot_map),
+                            json_model_override_args={"mtp_draft_head_fp8": True})
+    assert tokens == want
+    assert sum(accept) / len(accept) > 1.2
+    # the FP8 copy is made from the head SGLang hands the draft, the map's 512 rows
+    widths = {r["logits"].shape[-1] for r in mtp_trace.load(tmp_path) if r["logits"] is not None}
+    assert widths == {512}, widths

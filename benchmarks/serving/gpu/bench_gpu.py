@@ -35,6 +35,7 @@ Configs (the model directory's own plan is IndexCache on, one full layer in four
                   (S in 1, 2, 3, 5); eagle_3_4_no_overlap: SGLang's overlap scheduler off
   prefill_graphs  prefill under SGLang's breakable CUDA graphs; eagle_3_4_prefill_graphs: with EAGLE 3/4
   eagle_3_4_fp8_head  EAGLE 3/4 drafting from a block-FP8 copy of the LM head (mtp_draft_head_fp8)
+  eagle_3_4_token_map[_fp8_head]  the draft's head cut to the model directory's hot_vocab.pt (and in FP8)
 
 A model directory without *.safetensors (make_glm52_shaped.py's) is served by SGLang's dummy loader
 with its long-context pool; one with weights (a trained model) is served as is (outside the Triton
@@ -130,7 +131,7 @@ def override(**fields) -> list[str]:
 
 def configs(n_layers: int, model: Path | None = None) -> dict[str, list[str]]:
     """Server flags by config name; a model directory holding a `hot_vocab.pt` token map
-    (make_glm52_shaped.py) adds `eagle_3_4_token_map`."""
+    (make_glm52_shaped.py) adds `eagle_3_4_token_map` and `eagle_3_4_token_map_fp8_head`."""
     hot_vocab = model / "hot_vocab.pt" if model is not None else None
     return {
         "indexcache": [],
@@ -147,7 +148,10 @@ def configs(n_layers: int, model: Path | None = None) -> dict[str, list[str]]:
         # the draft's logits from a block-FP8 copy of the LM head (the verify keeps BF16)
         "eagle_3_4_fp8_head": EAGLE + override(mtp_draft_head_fp8=True),
         # the draft's LM head cut to the map's rows (SGLang's --speculative-token-map)
-        **({"eagle_3_4_token_map": EAGLE + ["--speculative-token-map", str(hot_vocab)]}
+        # ... and both: the FP8 copy is then of the map's rows
+        **({"eagle_3_4_token_map": EAGLE + ["--speculative-token-map", str(hot_vocab)],
+            "eagle_3_4_token_map_fp8_head": EAGLE + ["--speculative-token-map", str(hot_vocab)]
+            + override(mtp_draft_head_fp8=True)}
            if hot_vocab is not None and hot_vocab.exists() else {}),
     }
 
