@@ -25,6 +25,9 @@ for w in .gpu/peer/sgl_flash_mla-*.whl; do
       && export GLM_PEER_DEEPGEMM_SITE=/tmp/site_peer_dg
   done
 done
+# trained models carried as .gpu/models/*.tar.xz (`scripts/device_tree.sh out assets/glm5-geometry-carry`):
+# tests/gpu/test_mtp_trained_gpu.py serves /tmp/models/glm5-geometry-carry, and skips without it
+mkdir -p /tmp/models && for m in .gpu/models/*.tar.xz; do [ -f "$m" ] && tar xJf "$m" -C /tmp/models; done
 # Multi-GPU hosts are shared: NVLink multicast stays off (the device notes say why).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rm -rf "$GLM_GPU_RESULTS"
