@@ -54,6 +54,12 @@ LONG_PROMPT = [(5 * i + 7) % 500 + 2 for i in range(1300)]
 ALL_PROMPTS = PROMPTS + [LONG_PROMPT]
 NEW_TOKENS = 24
 
+# EAGLE through the MTP layer: a chain (3 steps, 4 verified tokens) and a tree (top-2 per step, 6 tokens)
+CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+         "--speculative-num-draft-tokens", "4")
+TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "6")
+
 # Servers share the one GPU: small pools, a few CUDA-graph batch sizes.
 GPU_SERVER_ARGS = (
     "--dtype", "bfloat16", "--mem-fraction-static", "0.06", "--max-total-tokens", "32768",
@@ -213,6 +219,15 @@ def record(name: str, **data) -> None:
     with open(results_dir() / "records.jsonl", "a") as f:
         f.write(json.dumps({"check": name, **data}, default=str) + "\n")
     print(f"RECORD {name}: {json.dumps(data, default=str)[:2000]}", flush=True)
+
+
+def assert_per_position_acceptance(outs: list[dict], args) -> None:
+    """Each request's `spec_accept_per_position` is what SGLang's histogram of correct drafts says:
+    position k is accepted in a round iff at least k drafts were."""
+    steps = int(args[args.index("--speculative-num-steps") + 1])
+    for o in outs:
+        rates, hist = o["meta_info"].get("spec_accept_per_position"), o["meta_info"]["spec_correct_drafts_histogram"]
+        assert rates == [sum(hist[k:]) / sum(hist) for k in range(1, steps + 1)], (rates, hist)
 
 
 def serve_and_judge(url, path, name):

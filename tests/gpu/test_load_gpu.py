@@ -20,12 +20,10 @@ import pytest
 import requests
 import torch
 
-from gpu_serving import MARGIN, gpu_server, record, reference
+from gpu_serving import CHAIN, MARGIN, gpu_server, record, reference
 
 pytestmark = pytest.mark.gpu
 
-CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-         "--speculative-num-draft-tokens", "4")
 CLIENTS, NEW_TOKENS, LONG_TOKENS = 32, 48, 1000
 # 32 prompts of 100-400 tokens plus their growth overfill a 6,144-token pool: requests queue and retract.
 LOAD_ARGS = ("--max-total-tokens", "6144", "--max-running-requests", "32", "--cuda-graph-max-bs-decode", "32",

@@ -16,15 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from gpu_serving import PROMPTS, agreement, generate, gpu_server, record, results_dir, serve_and_judge
+from gpu_serving import CHAIN, PROMPTS, TREE, agreement, generate, gpu_server, record, results_dir, serve_and_judge
 
 pytestmark = pytest.mark.gpu
 
 PROBE = Path(__file__).parent / "graph_probe"
-CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-         "--speculative-num-draft-tokens", "4")
-TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-        "--speculative-num-draft-tokens", "6")
 BATCHES = (1, 3, 8, 16)  # 16: the suite's --cuda-graph-max-bs-decode
 ROUND_PHASES = ("target_verify", "draft_steps", "draft_extend")
 

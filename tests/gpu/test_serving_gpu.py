@@ -10,7 +10,8 @@ import pytest
 import requests
 import torch
 
-from gpu_serving import PROMPTS, agreement, generate, gpu_server, make_model, record, results_dir, serve_and_judge
+from gpu_serving import (CHAIN, PROMPTS, TREE, agreement, assert_per_position_acceptance, generate, gpu_server, make_model,
+                          record, results_dir, serve_and_judge)
 
 pytestmark = pytest.mark.gpu
 
@@ -147,10 +148,6 @@ def test_tuned_gemm_and_moe_configs_reach_sglang(models):
     result.assert_agrees()
 
 
-CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-         "--speculative-num-draft-tokens", "4")
-TREE = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-        "--speculative-num-draft-tokens", "6")
 SHARE_OFF = ("--json-model-override-args", '{"index_share_for_mtp_iteration": false}')
 
 
@@ -184,11 +181,7 @@ def test_mtp_lossless_with_acceptance(models, name, args):
     record(name + "_acceptance", spec_accept_length=accept, spec_accept_per_position=per_position)
     result.assert_agrees()
     assert all(a is not None and a >= 1.0 for a in accept), accept
-    steps = int(args[args.index("--speculative-num-steps") + 1])
-    for o, rates in zip(outs, per_position):
-        # position k is accepted in a round iff at least k drafts were (SGLang's histogram)
-        hist = o["meta_info"]["spec_correct_drafts_histogram"]
-        assert rates == [sum(hist[k:]) / sum(hist) for k in range(1, steps + 1)], (rates, hist)
+    assert_per_position_acceptance(outs, args)
     assert "sglang_glm:spec_verify_rounds_total" in metrics
 
 
@@ -228,11 +221,7 @@ def test_control_sparsity_removed_is_rejected(models):
     dense.assert_agrees()
 
 
-MTP_CHAIN = ("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-             "--speculative-num-draft-tokens", "4")
-
-
-@pytest.mark.parametrize("name, spec", [("triton_prefill_graphs", ()), ("triton_prefill_graphs_mtp", MTP_CHAIN)])
+@pytest.mark.parametrize("name, spec", [("triton_prefill_graphs", ()), ("triton_prefill_graphs_mtp", CHAIN)])
 def test_prefill_under_breakable_cuda_graphs(models, name, spec):
     """`--cuda-graph-backend-prefill breakable` on glm_dsa_triton: prefills replay SGLang's breakable
     graphs (attention and the indexer's store + top-k run eagerly between captured segments, on the

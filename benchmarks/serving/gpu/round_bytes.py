@@ -101,6 +101,9 @@ def main() -> None:
     args = ap.parse_args()
 
     base = json.loads(args.config.read_text())
+    # the draft's LM head: BF16, cut to the token map's rows, FP8, both (the keys suffix the JSON fields)
+    variants = {"": {}, "_token_map": {"hot_vocab": args.hot_vocab}, "_fp8_head": {"draft_head_bytes": 1},
+                "_token_map_fp8_head": {"hot_vocab": args.hot_vocab, "draft_head_bytes": 1}}
     rows = []
     print("| model | batch | plain step GB | round GB | round in plain steps | with a token map | with an FP8 draft "
           "head | floor at batch 1 (no map / map / FP8 head / both) |")
@@ -110,8 +113,6 @@ def main() -> None:
         pattern = base["indexer_types"][:4]  # the proxy's plan: one full layer in four
         cfg["indexer_types"] = (pattern * layers)[:layers]
         for batch in (1, 8, 32):
-            variants = {"": {}, "_token_map": {"hot_vocab": args.hot_vocab}, "_fp8_head": {"draft_head_bytes": 1},
-                        "_token_map_fp8_head": {"hot_vocab": args.hot_vocab, "draft_head_bytes": 1}}
             runs = {name: step_and_round(cfg, tp, batch, args.steps, args.context, **kw) for name, kw in variants.items()}
             plain = runs[""]
             floor = {}
