@@ -8,7 +8,7 @@ compacted to each request's last accepted token, the carried hidden state, per-p
 Tokens are judged against the float64 reference by the suite's margin rule, and acceptance must be
 what a trained draft gets: on the CPU (float32, these prompts, 48 tokens) 2.2-3.0 tokens a round for the
 chain and 2.4-3.4 for the tree, the first draft accepted in 68-100% of rounds; a broken accept path
-gives about 1.
+gives about 1 (`benchmarks/mtp/trained_gpu_test_acceptance.py` and its JSON).
 
 The model travels as .gpu/models/glm5-geometry-carry.tar.xz (`bash scripts/device_tree.sh out
 assets/glm5-geometry-carry`), which run_gpu_suite.sh unpacks into /tmp/models; without it the test skips.
